@@ -1,0 +1,316 @@
+"""Fashion-MNIST: found wherever it already is, decoded once, and batched from memory.
+
+Where the images come from, in order:
+1. a folder you name (`path=` or the environment variable `DPLAB_FASHION_MNIST`);
+2. torchvision's layout under the data root (`$DPLAB_DATA_ROOT`, else `~/.cache/dplab`),
+   that is `<root>/FashionMNIST/raw/`;
+3. the four `.gz` files of the Debian/Ubuntu package `dataset-fashion-mnist`;
+4. a torchvision download into the data root (skipped when `DPLAB_OFFLINE=1`);
+5. the small sample shipped inside this package, so that everything works offline.
+
+`load_data_fashion_mnist` keeps the decoded images in memory as one uint8 tensor and cuts
+minibatches out of it by index: no per-image PIL work, no worker processes.
+`load_data_fashion_mnist_book` is the book's torchvision `DataLoader` pipeline, kept for comparison.
+"""
+
+import gzip
+import math
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+SAMPLE_DIR = Path(__file__).parent / "fashion_mnist_sample"
+SYSTEM_DIRS = [
+    Path("/usr/share/datasets/fashion-mnist"),
+    Path("/usr/local/share/datasets/fashion-mnist"),
+]
+TEXT_LABELS = [
+    "t-shirt", "trouser", "pullover", "dress", "coat",
+    "sandal", "shirt", "sneaker", "bag", "ankle boot",
+]  # fmt: skip
+
+
+class DataNotFound(FileNotFoundError):
+    """Raised when the full Fashion-MNIST set was asked for and none was found."""
+
+
+@dataclass(frozen=True)
+class FashionMNIST:
+    """The decoded set: uint8 images of shape (N, 28, 28) and int64 labels, plus their origin."""
+
+    train_images: Tensor
+    train_labels: Tensor
+    test_images: Tensor
+    test_labels: Tensor
+    source: str
+    folder: Path
+    is_sample: bool
+
+
+def data_root() -> Path:
+    """Return the folder that holds torchvision's `FashionMNIST/raw` layout and downloads."""
+    return Path(os.environ.get("DPLAB_DATA_ROOT", Path.home() / ".cache" / "dplab")).expanduser()
+
+
+def files_in(folder: Path) -> dict[str, Path] | None:
+    """Return the four files in `folder` (plain or `.gz`), or None if any is missing."""
+    found = {}
+    for key, name in FILES.items():
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                found[key] = candidate
+                break
+        else:
+            return None
+    return found
+
+
+def read_idx(path: Path) -> Tensor:
+    """Read one IDX file (the MNIST format, optionally gzipped) into a uint8 tensor."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+    ndim = raw[3]
+    dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
+    body = raw[4 + 4 * ndim :]
+    if len(body) != math.prod(dims):
+        raise ValueError(
+            f"{path} is truncated: expected {math.prod(dims)} bytes, found {len(body)}"
+        )
+    return torch.frombuffer(bytearray(body), dtype=torch.uint8).reshape(dims)
+
+
+@cache
+def _decode(files: tuple[tuple[str, Path], ...], source: str, is_sample: bool) -> FashionMNIST:
+    tensors = {key: read_idx(path) for key, path in files}
+    for split in ("train", "test"):
+        images, labels = tensors[f"{split}_images"], tensors[f"{split}_labels"]
+        if images.dim() != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
+            raise ValueError(f"the {split} files of {source} do not hold matching 28x28 images")
+    folder = dict(files)["train_images"].parent
+    return FashionMNIST(
+        train_images=tensors["train_images"],
+        train_labels=tensors["train_labels"].long(),
+        test_images=tensors["test_images"],
+        test_labels=tensors["test_labels"].long(),
+        source=source,
+        folder=folder,
+        is_sample=is_sample,
+    )
+
+
+def _download(root: Path) -> dict[str, Path] | None:
+    import torchvision
+
+    for train in (True, False):
+        torchvision.datasets.FashionMNIST(root=str(root), train=train, download=True)
+    return files_in(root / "FashionMNIST" / "raw")
+
+
+def find_full_set(path: str | Path | None = None) -> tuple[dict[str, Path], str, list[str]]:
+    """Look for the full set in the documented order; return its files, origin and tries."""
+    tried: list[str] = []
+    given = path or os.environ.get("DPLAB_FASHION_MNIST")
+    if given:
+        folder = Path(given).expanduser()
+        for candidate in (folder, folder / "FashionMNIST" / "raw"):
+            if found := files_in(candidate):
+                return found, f"the folder you gave, {candidate}", tried
+        tried.append(f"the folder you gave, {folder}: the four files are not all there")
+    raw = data_root() / "FashionMNIST" / "raw"
+    if found := files_in(raw):
+        return found, f"torchvision's folder {raw}", tried
+    tried.append(f"torchvision's folder {raw}: not there (set DPLAB_DATA_ROOT to use another)")
+    for folder in SYSTEM_DIRS:
+        if found := files_in(folder):
+            return found, f"the dataset-fashion-mnist package in {folder}", tried
+    tried.append(
+        f"{', '.join(map(str, SYSTEM_DIRS))}: not there "
+        "(on Debian or Ubuntu: apt-get install dataset-fashion-mnist)"
+    )
+    if os.environ.get("DPLAB_OFFLINE", "") not in ("", "0"):
+        tried.append("a download: skipped because DPLAB_OFFLINE is set")
+    else:
+        try:
+            if found := _download(data_root()):
+                return found, f"a torchvision download into {raw}", tried
+            tried.append(f"a download into {data_root()}: finished but the files are missing")
+        except Exception as error:  # any network or disk failure: report it, don't hide it
+            tried.append(f"a download into {data_root()}: failed ({type(error).__name__}: {error})")
+    return {}, "", tried
+
+
+_announced: set[str] = set()
+
+
+def _announce(message: str) -> None:
+    if message not in _announced:
+        _announced.add(message)
+        print(message)
+
+
+def fashion_mnist(path: str | Path | None = None, source: str = "auto") -> FashionMNIST:
+    """Return the decoded set. `source` is "auto" (full set if found, else the sample),
+    "full" (the full set or an error listing what was tried) or "sample"."""
+    if source not in ("auto", "full", "sample"):
+        raise ValueError(f'source must be "auto", "full" or "sample", not {source!r}')
+    tried: list[str] = []
+    if source != "sample":
+        found, origin, tried = find_full_set(path)
+        if found:
+            data = _decode(tuple(sorted(found.items())), origin, False)
+            _announce(
+                f"Fashion-MNIST: {len(data.train_images):,} training and "
+                f"{len(data.test_images):,} test images from {origin}."
+            )
+            return data
+        if source == "full":
+            raise DataNotFound(
+                "the full Fashion-MNIST set was asked for, but none was found. Tried:\n  - "
+                + "\n  - ".join(tried)
+                + "\nGive a folder with path=..., or install the dataset-fashion-mnist package."
+            )
+    found = files_in(SAMPLE_DIR)
+    if found is None:
+        raise DataNotFound(f"the embedded sample is missing from {SAMPLE_DIR}; reinstall dplab")
+    data = _decode(tuple(sorted(found.items())), "the lab's embedded sample", True)
+    why = "as asked" if source == "sample" else "because no full copy was found"
+    _announce(
+        f"Fashion-MNIST: using the lab's embedded sample ({len(data.train_images):,} training and "
+        f"{len(data.test_images):,} test images) {why}. Accuracy will be lower than the book's."
+    )
+    return data
+
+
+class Batches:
+    """Minibatches of (images, labels) cut by index from tensors held in memory.
+
+    Images come out as float32 in [0, 1] with shape (batch, 1, 28, 28), or resized.
+    With `shuffle=True` every pass visits the examples in a new order.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        batch_size: int,
+        shuffle: bool = False,
+        resize: int | tuple[int, int] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.images, self.labels = images, labels
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.resize = (resize, resize) if isinstance(resize, int) else resize
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.labels) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        n = len(self.labels)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        for start in range(0, n, self.batch_size):
+            idx = order[start : start + self.batch_size]
+            X = self.images[idx].unsqueeze(1).float().div_(255)
+            if self.resize is not None:
+                X = F.interpolate(X, size=self.resize, mode="bilinear", align_corners=False)
+            yield X, self.labels[idx]
+
+
+def load_data_fashion_mnist(
+    batch_size: int,
+    resize: int | tuple[int, int] | None = None,
+    *,
+    path: str | Path | None = None,
+    source: str = "auto",
+    subset: tuple[int, int] | None = None,
+) -> tuple[Batches, Batches]:
+    """Return (train_iter, test_iter) over Fashion-MNIST; train batches are reshuffled each pass.
+
+    `subset=(n_train, n_test)` keeps only the first examples, for quick runs on a CPU.
+    """
+    data = fashion_mnist(path, source)
+    n_train, n_test = subset or (len(data.train_labels), len(data.test_labels))
+    train_iter = Batches(
+        data.train_images[:n_train], data.train_labels[:n_train], batch_size, True, resize
+    )
+    test_iter = Batches(
+        data.test_images[:n_test], data.test_labels[:n_test], batch_size, False, resize
+    )
+    return train_iter, test_iter
+
+
+def torchvision_root(data: FashionMNIST) -> Path:
+    """Return a root under which torchvision finds `data` as decompressed `FashionMNIST/raw` files.
+
+    torchvision checks the MD5 of `.gz` files and downloads again when they differ (the
+    Debian package re-compressed them), but it trusts decompressed files, so write those.
+    """
+    if data.folder.name == "raw" and data.folder.parent.name == "FashionMNIST":
+        if all((data.folder / name).is_file() for name in FILES.values()):
+            return data.folder.parent.parent
+    root = data_root() / ("sample" if data.is_sample else "decompressed")
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name in FILES.values():
+        target = raw / name
+        if not target.is_file():
+            source = files_in(data.folder)
+            key = next(k for k, v in FILES.items() if v == name)
+            path = source[key]
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rb") as f:
+                target.write_bytes(f.read())
+    return root
+
+
+def load_data_fashion_mnist_book(
+    batch_size: int,
+    resize: int | None = None,
+    *,
+    path: str | Path | None = None,
+    source: str = "auto",
+    num_workers: int = 4,
+) -> tuple["torch.utils.data.DataLoader", "torch.utils.data.DataLoader"]:
+    """Return the book's pipeline: torchvision datasets decoded image by image in a DataLoader."""
+    import torchvision
+    from torch.utils import data as tud
+    from torchvision import transforms
+
+    root = torchvision_root(fashion_mnist(path, source))
+    steps = [transforms.ToTensor()]
+    if resize:
+        steps.insert(0, transforms.Resize(resize))
+    trans = transforms.Compose(steps)
+    train = torchvision.datasets.FashionMNIST(
+        str(root), train=True, transform=trans, download=False
+    )
+    test = torchvision.datasets.FashionMNIST(
+        str(root), train=False, transform=trans, download=False
+    )
+    return (
+        tud.DataLoader(train, batch_size, shuffle=True, num_workers=num_workers),
+        tud.DataLoader(test, batch_size, shuffle=False, num_workers=num_workers),
+    )
+
+
+def get_fashion_mnist_labels(labels: Tensor | list[int]) -> list[str]:
+    """Return the text names of numeric Fashion-MNIST labels."""
+    return [TEXT_LABELS[int(i)] for i in labels]

@@ -1,0 +1,5 @@
+"""`python -m grader`: see grader.cli."""
+
+from grader.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""The vocabulary of a checks module: cases, checks, failures and comparisons.
+
+A *case* calls the student's code on chosen inputs and returns what it saw (tensors, flags,
+printed text). Cases run in the grading child process, next to the student's code.
+
+A *check* judges one case's outcome and either returns (passed) or raises `Fail` with what
+came back and what was expected. Checks run in the grader's own process, which the student's
+code never reaches. Points, hidden status and the hint are data on the check.
+
+    @case
+    def book_demo(student, ctx):
+        data = [torch.ones((1, 2), device=ctx.devices[i]) * (i + 1) for i in range(2)]
+        student.fn(data)
+        return data
+
+    @check(book_demo, points=2, hint="Add every other tensor into data[0], then copy it back.")
+    def both_devices_hold_threes(seen, ctx):
+        for t in seen:
+            expect_equal(t, torch.tensor([[3.0, 3.0]]), "each tensor after allreduce")
+"""
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grader.transport import SeenTensor
+
+
+class Fail(Exception):
+    """A check failed: `message` says what came back and what was expected."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class MissingFunction(Exception):
+    """The submission does not define the function an exercise asks for."""
+
+
+@dataclass
+class Context:
+    """What a case or a check may use besides the student's code."""
+
+    seed: int
+    devices: list[torch.device] = field(default_factory=list)
+    reference: dict | None = None  # the reference notebook's names (hidden checks only)
+
+    def generator(self) -> torch.Generator:
+        """Return a CPU random generator seeded for this case."""
+        return torch.Generator().manual_seed(self.seed)
+
+    def for_case(self, name: str) -> "Context":
+        """Return a copy whose seed depends on the case's name, so cases are independent."""
+        digest = hashlib.sha256(f"{self.seed}:{name}".encode()).digest()
+        return Context(int.from_bytes(digest[:6], "big"), self.devices, self.reference)
+
+
+class Student:
+    """The student's namespace, seen through the exercise's function name."""
+
+    def __init__(self, namespace: dict, function: str, where: str = "the notebook") -> None:
+        self.namespace = namespace
+        self.function = function
+        self.where = where
+
+    @property
+    def fn(self) -> Callable:
+        """Return the function the exercise asks for, or say that it is missing."""
+        found = self.namespace.get(self.function)
+        if not callable(found):
+            what = "is not a function" if self.function in self.namespace else "is not defined"
+            raise MissingFunction(
+                f"`{self.function}` {what} in {self.where}: keep the name given in the notebook"
+            )
+        return found
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Return another name the student's code defines (such as `lenet` or `loss`)."""
+        return self.namespace.get(name, default)
+
+
+@contextlib.contextmanager
+def patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    """Replace `target.name` (or `target[name]` for a dict) while the block runs."""
+    is_dict = isinstance(target, dict)
+    missing = object()
+    old = target.get(name, missing) if is_dict else getattr(target, name, missing)
+    if is_dict:
+        target[name] = value
+    else:
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        if old is missing:
+            if is_dict:
+                target.pop(name, None)
+            else:
+                delattr(target, name)
+        elif is_dict:
+            target[name] = old
+        else:
+            setattr(target, name, old)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A call of the student's code; `run(student, ctx)` returns what it observed."""
+
+    name: str
+    run: Callable[[Student, Context], Any]
+    doc: str
+
+
+@dataclass(frozen=True)
+class Check:
+    """One property of one exercise, judged from a case's outcome."""
+
+    name: str
+    case: Case
+    judge: Callable[[Any, Context], None]
+    points: float
+    hint: str
+    doc: str
+    after: tuple[str, ...] = ()
+    hidden: bool = False
+
+
+def case(run: Callable[[Student, Context], Any]) -> Case:
+    """Declare a case: a function of (student, ctx) that calls the student's code."""
+    return Case(run.__name__, run, (run.__doc__ or "").strip())
+
+
+def check(
+    on: Case, points: float, hint: str, after: tuple[str, ...] | str = ()
+) -> Callable[[Callable[[Any, Context], None]], Check]:
+    """Declare a check on case `on`, worth `points`, with the `hint` shown when it fails.
+
+    `after` names checks that must pass first: a check of a side property (such as "no
+    two results share memory") earns nothing for code that got the main result wrong.
+    """
+
+    def wrap(judge: Callable[[Any, Context], None]) -> Check:
+        names = (after,) if isinstance(after, str) else tuple(after)
+        return Check(judge.__name__, on, judge, points, hint, (judge.__doc__ or "").strip(), names)
+
+    return wrap
+
+
+# ---- comparisons that explain themselves -------------------------------------------------
+
+
+def short(value: Any, limit: int = 12) -> str:
+    """Describe a tensor (or anything) briefly: small tensors in full, big ones by shape."""
+    if isinstance(value, SeenTensor):
+        value = value.value
+    if isinstance(value, Tensor):
+        if value.numel() <= limit:
+            body = str(value.tolist())
+        else:
+            head = ", ".join(f"{v:.4g}" for v in value.flatten()[:4].tolist())
+            body = f"shape {tuple(value.shape)} starting [{head}, ...]"
+        return f"{body} ({str(value.dtype).removeprefix('torch.')})"
+    return repr(value)
+
+
+def as_tensor(value: Any, what: str) -> Tensor:
+    """Return the tensor inside `value`, or fail saying that `what` was not a tensor."""
+    if isinstance(value, SeenTensor):
+        return value.value
+    if isinstance(value, Tensor):  # computed by the grader itself
+        return value
+    raise Fail(f"{what}: expected a tensor, got {short(value)}")
+
+
+def expect(condition: bool, message: str, hint: str | None = None) -> None:
+    """Fail with `message` unless `condition` holds."""
+    if not condition:
+        raise Fail(message, hint)
+
+
+def _same_shape(actual: Tensor, expected: Tensor, what: str) -> None:
+    if actual.shape != expected.shape:
+        raise Fail(
+            f"{what}: came back with shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        )
+
+
+def expect_equal(value: Any, expected: Tensor, what: str, hint: str | None = None) -> None:
+    """Fail unless `value` is a tensor exactly equal to `expected` (same shape and dtype)."""
+    actual = as_tensor(value, what)
+    _same_shape(actual, expected, what)
+    if actual.dtype != expected.dtype:
+        raise Fail(f"{what}: came back as {actual.dtype}, expected {expected.dtype}", hint)
+    if not torch.equal(actual, expected):
+        raise Fail(f"{what}: came back {short(actual)}, expected {short(expected)}", hint)
+
+
+def expect_close(
+    value: Any,
+    expected: Tensor,
+    what: str,
+    hint: str | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> None:
+    """Fail unless `value` is a tensor close to `expected`, naming the largest difference."""
+    actual = as_tensor(value, what)
+    _same_shape(actual, expected, what)
+    actual = actual.to(torch.float64)
+    target = expected.to(torch.float64)
+    if torch.isnan(actual).any() and not torch.isnan(target).any():
+        raise Fail(f"{what}: came back with NaN values, expected {short(expected)}", hint)
+    if not torch.allclose(actual, target, rtol=rtol, atol=atol):
+        gap = (actual - target).abs()
+        worst = divmod_index(int(gap.argmax()), tuple(actual.shape))
+        raise Fail(
+            f"{what}: came back {short(actual.to(expected.dtype))}, expected {short(expected)}; "
+            f"the largest difference is {float(gap.max()):.3g} at index {worst}",
+            hint,
+        )
+
+
+def divmod_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Turn a flat index into a multi-dimensional one."""
+    index = []
+    for size in reversed(shape):
+        flat, rest = divmod(flat, size)
+        index.append(rest)
+    return tuple(reversed(index))
+
+
+def close(a: Tensor, b: Tensor, rtol: float = 1e-4, atol: float = 1e-6) -> bool:
+    """Return True when two tensors have the same shape and close values."""
+    return a.shape == b.shape and torch.allclose(
+        a.to(torch.float64), b.to(torch.float64), rtol=rtol, atol=atol
+    )

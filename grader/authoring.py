@@ -1,0 +1,66 @@
+"""Keep the reference notebooks in step with the manifest (for the people who write exercises).
+
+Every exercise has, in its reference notebook, a solution cell `<id>-solution` and an
+autograded check cell `<id>-checks` whose points are the manifest's. `sync_points` writes the
+manifest's points into those cells; `problems` lists what does not match.
+"""
+
+import json
+from pathlib import Path
+
+from grader.manifest import load_manifest, solutions_dir
+
+
+def cells_by_grade_id(path: Path) -> dict[str, dict]:
+    """Return the notebook's nbgrader cells by their grade_id."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        c["metadata"]["nbgrader"]["grade_id"]: c
+        for c in nb["cells"]
+        if "nbgrader" in c.get("metadata", {})
+    }
+
+
+def problems(folder: Path | None = None) -> list[str]:
+    """Return every way the reference notebooks disagree with the manifest."""
+    folder = folder or solutions_dir()
+    found = []
+    for ex in load_manifest().exercises:
+        path = folder / ex.notebook
+        if not path.is_file():
+            found.append(f"{ex.id}: its notebook {path} is missing")
+            continue
+        cells = cells_by_grade_id(path)
+        if f"{ex.id}-solution" not in cells:
+            found.append(f"{ex.id}: {ex.notebook} has no solution cell '{ex.id}-solution'")
+        checks = cells.get(f"{ex.id}-checks")
+        if checks is None:
+            found.append(f"{ex.id}: {ex.notebook} has no check cell '{ex.id}-checks'")
+        elif float(checks["metadata"]["nbgrader"].get("points", -1)) != ex.points:
+            found.append(
+                f"{ex.id}: the check cell gives {checks['metadata']['nbgrader'].get('points')} "
+                f"points, the manifest {ex.points:g} (run `python -m grader sync`)"
+            )
+    return found
+
+
+def sync_points(folder: Path | None = None) -> list[str]:
+    """Write the manifest's points into each check cell; return the cells changed."""
+    folder = folder or solutions_dir()
+    changed = []
+    for name in load_manifest().notebooks:
+        path = folder / name
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        dirty = False
+        for cell in nb["cells"]:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            grade_id = meta.get("grade_id", "")
+            if grade_id.endswith("-checks"):
+                points = load_manifest().exercise(grade_id.removesuffix("-checks")).points
+                if meta.get("points") != points:
+                    meta["points"] = points
+                    dirty = True
+                    changed.append(f"{name}: {grade_id} now gives {points:g} points")
+        if dirty:
+            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return changed

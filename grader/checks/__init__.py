@@ -1,0 +1,1 @@
+"""Public checks, one module per exercise; students have them and run them."""

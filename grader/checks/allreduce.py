@@ -1,0 +1,160 @@
+"""Public checks of `allreduce(data)`: every tensor in `data` ends holding the sum, in place."""
+
+import torch
+
+from grader.api import Fail, case, check, expect, expect_close, expect_equal, short
+from grader.fixtures import cycle
+from grader.transport import SeenTensor
+
+REBIND_HINT = (
+    "`data[i] = ...` only makes the list point at a new tensor; the tensor the caller holds "
+    "(a gradient, say) keeps its old values. Write into it instead: data[i][:] = ... "
+    "or data[i].copy_(...)."
+)
+
+
+def run_on(student, tensors: list[torch.Tensor], devices: list[torch.device]) -> dict:
+    """Put the tensors on the devices, call allreduce, and note the tensors given and the list."""
+    data = [t.to(d) for t, d in zip(tensors, devices, strict=True)]
+    given = list(data)
+    student.fn(data)
+    return {"given": given, "listed": data}
+
+
+def float_lists(seed: int) -> list[list[torch.Tensor]]:
+    """Return, for k = 1 to 8, a list of k random float32 tensors of shape (3, 4)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(3, 4, generator=gen) for _ in range(k)] for k in range(1, 9)]
+
+
+def mixed_lists(seed: int) -> list[list[torch.Tensor]]:
+    """Return lists of three tensors of other dtypes and shapes, integers as large as 2**40."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        [torch.randn(2, 3, 4, generator=gen, dtype=torch.float64) for _ in range(3)],
+        [torch.randint(-(2**40), 2**40, (5,), generator=gen) for _ in range(3)],
+        [torch.randint(-1000, 1000, (1, 2), generator=gen, dtype=torch.int32) for _ in range(3)],
+        [torch.randn(7, generator=gen) for _ in range(3)],
+    ]
+
+
+def rebound(seen: dict) -> bool:
+    """Return True if the list now holds other tensor objects than the ones it was given."""
+    return any(a.ident != b.ident for a, b in zip(seen["given"], seen["listed"], strict=False))
+
+
+def expect_sums(
+    tensors: list, parts: list[torch.Tensor], what: str, hint: str | None = None
+) -> None:
+    """Fail unless each of `tensors` holds the sum of `parts`, exactly for integers."""
+    total = torch.stack(parts).sum(dim=0, dtype=parts[0].dtype)
+    for i, t in enumerate(tensors):
+        label = f"{what}: tensor {i} of {len(tensors)}"
+        if total.is_floating_point():
+            expect_close(t, total, label, hint, rtol=1e-5, atol=1e-5)
+        else:
+            expect_equal(t, total, label, hint)
+
+
+@case
+def book_demo(student, ctx):
+    """The book's demo: [[1, 1]] on one device and [[2, 2]] on another."""
+    return run_on(student, [torch.ones((1, 2)) * (i + 1) for i in range(2)], ctx.devices[:2])
+
+
+@case
+def one_to_eight_tensors(student, ctx):
+    """Lists of 1 to 8 random float32 tensors, spread round-robin over the devices."""
+    return [run_on(student, ts, cycle(ctx.devices, len(ts))) for ts in float_lists(ctx.seed)]
+
+
+@case
+def other_dtypes_and_shapes(student, ctx):
+    """float64, int64 and int32 tensors of several shapes, three to a list."""
+    return [run_on(student, ts, cycle(ctx.devices, len(ts))) for ts in mixed_lists(ctx.seed)]
+
+
+@check(
+    book_demo,
+    points=2,
+    hint="Add every other tensor into data[0] (moved to data[0]'s device), then copy the "
+    "total back into each of the others.",
+)
+def book_demo_gives_threes_on_both_devices(seen, ctx):
+    """[[1., 1.]] and [[2., 2.]] both become [[3., 3.]]."""
+    for i, t in enumerate(seen["listed"]):
+        expect_equal(t, torch.tensor([[3.0, 3.0]]), f"data[{i}] after allreduce")
+
+
+@check(
+    one_to_eight_tensors,
+    points=2,
+    hint="Loop over all of data: the sum must include every tensor, and every tensor "
+    "must receive it (a list of one is left as it is).",
+)
+def every_tensor_holds_the_sum(seen, ctx):
+    """For 1 to 8 tensors, each one given ends holding the sum of all of them."""
+    for ts, outcome in zip(float_lists(ctx.seed), seen, strict=True):
+        expect_sums(outcome["listed"], ts, f"with {len(ts)} tensors")
+
+
+@check(
+    other_dtypes_and_shapes,
+    points=1,
+    hint="Keep each tensor's dtype: add with += (or torch.add) into the tensors themselves; "
+    "do not go through Python floats or float32.",
+)
+def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
+    """float64, int64 (up to 2**40) and int32 tensors keep their dtype; integers sum exactly."""
+    for ts, outcome in zip(mixed_lists(ctx.seed), seen, strict=True):
+        expect_sums(outcome["listed"], ts, f"{ts[0].dtype} tensors of shape {tuple(ts[0].shape)}")
+
+
+@check(one_to_eight_tensors, points=2, hint=REBIND_HINT)
+def writes_into_the_tensors_it_was_given(seen, ctx):
+    """The tensor objects passed in (the caller's gradients, say) hold the sum afterwards."""
+    for ts, outcome in zip(float_lists(ctx.seed), seen, strict=True):
+        k = len(ts)
+        if rebound(outcome):
+            raise Fail(
+                f"with {k} tensors, allreduce put new tensors into the list; the tensors it was "
+                "given were not all updated"
+            )
+        expect_sums(outcome["given"], ts, f"with {k} tensors, the tensors given")
+
+
+@check(
+    one_to_eight_tensors,
+    points=1,
+    hint="Move the total to each tensor's own device before writing it there.",
+    after="every_tensor_holds_the_sum",
+)
+def each_result_stays_on_its_device(seen, ctx):
+    """Each tensor is still on the device it started on."""
+    for outcome in seen:
+        wanted = [str(d) for d in cycle(ctx.devices, len(outcome["given"]))]
+        got = [t.device for t in outcome["listed"] if isinstance(t, SeenTensor)]
+        expect(got == wanted, f"the tensors are on {got}, expected {wanted}")
+
+
+@check(
+    one_to_eight_tensors,
+    points=1,
+    hint="Give each device its own copy of the total: copy values into each tensor rather "
+    "than making several list entries point at one tensor.",
+    after="every_tensor_holds_the_sum",
+)
+def no_two_results_share_memory(seen, ctx):
+    """After allreduce, no two entries of the list are the same memory."""
+    for outcome in seen:
+        listed = [t for t in outcome["listed"] if isinstance(t, SeenTensor)]
+        keys = [(t.device, t.ptr) for t in listed]
+        if len(set(keys)) != len(keys):
+            raise Fail(f"with {len(listed)} tensors, some entries share memory: {short(keys)}")
+
+
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "Expected all tensors to be on the same device" in raised.message:
+        return "Move each tensor to data[0]'s device with .to(data[0].device) before adding it."
+    return None

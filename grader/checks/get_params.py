@@ -1,0 +1,177 @@
+"""Public checks of `get_params(params, device)`: fresh trainable copies on one device."""
+
+import torch
+
+import dplab
+from grader.api import Fail, case, check, expect, expect_close, expect_equal, short
+from grader.fixtures import lenet_loss, random_batch
+from grader.transport import SeenTensor
+
+SAME_TENSOR_HINT = (
+    "`.to(device)` returns the very same tensor when it is already on that device, so the "
+    "copies share memory with the originals (and with each other): every device would train "
+    "one model. Copy explicitly, e.g. with .clone() after .detach()."
+)
+
+
+def copies_of(seen, count: int = 8) -> list[SeenTensor]:
+    """Return the copies as a list of tensors, or fail saying what came back instead."""
+    expect(
+        isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen),
+        f"get_params returned {short(seen)}, expected a list of {count} tensors",
+    )
+    expect(len(seen) == count, f"get_params returned {len(seen)} tensors for {count} parameters")
+    return list(seen)
+
+
+@case
+def book_demo(student, ctx):
+    """The book's demo: copy LeNet's parameters to the first device."""
+    params = dplab.lenet_params(seed=ctx.seed)
+    copies = student.fn(params, ctx.devices[0])
+    return {"copies": copies, "originals": params}
+
+
+@case
+def to_the_second_device(student, ctx):
+    """Copy LeNet's parameters to the second device."""
+    return student.fn(dplab.lenet_params(seed=ctx.seed), ctx.devices[1])
+
+
+@case
+def onto_the_same_device(student, ctx):
+    """Copy parameters that already live on the target device, then change the copies."""
+    params = [p.to(ctx.devices[0]) for p in dplab.lenet_params(seed=ctx.seed)]
+    copies = student.fn(params, ctx.devices[0])
+    with torch.no_grad():
+        for c in copies:
+            c.add_(1)
+    return {"copies": copies, "originals": params}
+
+
+@case
+def backward_through_the_copies(student, ctx):
+    """Run LeNet on a batch with the copies and call backward on the summed loss."""
+    copies = student.fn(dplab.lenet_params(seed=ctx.seed), ctx.devices[0])
+    X, y = random_batch(ctx.generator(), 4)
+    lenet_loss(dplab.lenet(X.to(ctx.devices[0]), copies), y.to(ctx.devices[0])).sum().backward()
+    return copies
+
+
+@check(book_demo, points=1, hint="Return a list with one copy of each parameter, in order.")
+def returns_one_copy_per_parameter(seen, ctx):
+    """It returns a list of eight tensors shaped like LeNet's parameters."""
+    copies = copies_of(seen["copies"])
+    for i, (c, p) in enumerate(zip(copies, dplab.lenet_params(seed=ctx.seed), strict=True)):
+        expect(
+            c.shape == tuple(p.shape), f"copy {i} has shape {c.shape}, expected {tuple(p.shape)}"
+        )
+
+
+@check(
+    book_demo, points=1, hint="Copy the values unchanged.", after="returns_one_copy_per_parameter"
+)
+def copies_hold_the_same_values(seen, ctx):
+    """Each copy holds its parameter's values."""
+    for i, (c, p) in enumerate(zip(seen["copies"], dplab.lenet_params(seed=ctx.seed), strict=True)):
+        expect_close(c, p, f"copy {i}", rtol=0, atol=0)
+
+
+@check(
+    book_demo,
+    points=1,
+    hint="b1 starts as zeros; its copy must be a leaf whose grad is None.",
+    after="returns_one_copy_per_parameter",
+)
+def b1_is_twenty_zeros_with_no_grad(seen, ctx):
+    """The book's demo: the copy of b1 is 20 zeros and its grad is None."""
+    b1 = seen["copies"][1]
+    expect_equal(b1, torch.zeros(20), "the copy of b1")
+    expect(b1.grad is None, f"the copy of b1 already has a grad: {short(b1.grad)}")
+
+
+@check(
+    to_the_second_device,
+    points=1,
+    hint="Move each copy with .to(device).",
+    after="returns_one_copy_per_parameter",
+)
+def copies_are_on_the_device(seen, ctx):
+    """Every copy lives on the device it was asked for."""
+    wanted = str(ctx.devices[1])
+    for i, c in enumerate(copies_of(seen)):
+        expect(c.device == wanted, f"copy {i} is on {c.device}, expected {wanted}")
+
+
+@check(
+    book_demo,
+    points=1,
+    hint="Call .requires_grad_() on each copy (note the s: require_grad_ does not exist).",
+    after="returns_one_copy_per_parameter",
+)
+def copies_are_leaves_that_require_grad(seen, ctx):
+    """Each copy is a leaf tensor that requires grad and has no grad yet."""
+    for i, c in enumerate(seen["copies"]):
+        expect(c.requires_grad, f"copy {i} does not require grad, so SGD would never update it")
+        expect(c.is_leaf, f"copy {i} is not a leaf tensor: its .grad stays None after backward")
+        expect(c.grad is None, f"copy {i} already has a grad")
+
+
+@check(
+    onto_the_same_device, points=2, hint=SAME_TENSOR_HINT, after="returns_one_copy_per_parameter"
+)
+def copies_are_independent_of_the_originals(seen, ctx):
+    """Changing a copy leaves its original alone, even when both are on the same device."""
+    originals = seen["originals"]
+    for i, (c, p) in enumerate(zip(copies_of(seen["copies"]), originals, strict=True)):
+        if c.ptr == p.ptr or c.ident == p.ident:
+            raise Fail(f"copy {i} is the original tensor itself (same memory)")
+        expect_close(
+            p,
+            dplab.lenet_params(seed=ctx.seed)[i],
+            f"original {i} after changing its copy",
+            rtol=0,
+            atol=0,
+        )
+
+
+@check(
+    book_demo,
+    points=1,
+    hint="Leave the caller's tensors alone: set requires_grad on the copies only.",
+    after="returns_one_copy_per_parameter",
+)
+def originals_are_left_untouched(seen, ctx):
+    """The parameters passed in keep their values and still do not require grad."""
+    for i, p in enumerate(seen["originals"]):
+        expect(isinstance(p, SeenTensor), f"original {i} is no longer a tensor")
+        expect(
+            not p.requires_grad,
+            f"original {i} now requires grad: get_params changed the tensor it was given",
+            SAME_TENSOR_HINT,
+        )
+
+
+@check(
+    backward_through_the_copies,
+    points=1,
+    hint="The copies must be leaves that require grad, so backward fills their .grad.",
+    after="returns_one_copy_per_parameter",
+)
+def gradients_reach_the_copies(seen, ctx):
+    """After backward through LeNet, every copy holds the gradient of the loss."""
+    params = [p.requires_grad_() for p in dplab.lenet_params(seed=ctx.seed)]
+    X, y = random_batch(ctx.generator(), 4)
+    lenet_loss(dplab.lenet(X, params), y).sum().backward()
+    for i, (c, p) in enumerate(zip(copies_of(seen), params, strict=True)):
+        expect(c.grad is not None, f"copy {i} has no grad after backward")
+        expect_close(c.grad, p.grad, f"the grad of copy {i}")
+
+
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "require_grad_" in raised.message:
+        return "The method is requires_grad_(), with an s."
+    if raised.type == "TypeError" and "list" in raised.message and "device" in raised.message:
+        return "get_params takes one device (not a list) and returns one list of copies."
+    return None

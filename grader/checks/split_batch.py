@@ -1,0 +1,181 @@
+"""Public checks of `split_batch(X, y, devices)`: one shard of the minibatch per device."""
+
+import torch
+
+from grader.api import case, check, expect, expect_equal, short
+from grader.fixtures import cycle
+from grader.transport import SeenTensor
+
+UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
+
+
+def shards_of(seen, what: str) -> list[SeenTensor]:
+    """Return a list of shards, or fail saying what came back instead."""
+    ok = isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen)
+    expect(ok, f"the {what} shards came back as {short(seen)}, expected a sequence of tensors")
+    return list(seen)
+
+
+def pair_of(seen) -> tuple[list[SeenTensor], list[SeenTensor]]:
+    """Return (X shards, y shards) from split_batch's result."""
+    expect(
+        isinstance(seen, list | tuple) and len(seen) == 2,
+        f"split_batch returned {short(seen)}, expected a pair (X shards, y shards)",
+    )
+    return shards_of(seen[0], "X"), shards_of(seen[1], "y")
+
+
+def numbered_batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return X whose row i is filled with i, and labels 100 + i, so every row can be traced."""
+    X = torch.arange(rows, dtype=torch.float32).reshape(rows, 1, 1, 1).expand(rows, 1, 2, 2)
+    return X.contiguous(), torch.arange(rows) + 100
+
+
+@case
+def book_demo(student, ctx):
+    """The book's demo: torch.arange(20).reshape(4, 5) over two devices."""
+    return student.fn(torch.arange(20).reshape(4, 5), torch.arange(4), ctx.devices[:2])
+
+
+@case
+def uneven_batches(student, ctx):
+    """5 rows over 2 devices, 7 rows over 3 and 8 rows over 4, every row numbered."""
+    results = []
+    for rows, k in UNEVEN:
+        X, y = numbered_batch(rows)
+        results.append(student.fn(X, y, cycle(ctx.devices, k)))
+    return results
+
+
+@case
+def mismatched_lengths(student, ctx):
+    """Four examples with three labels."""
+    try:
+        result = student.fn(torch.zeros(4, 3), torch.zeros(3), ctx.devices[:2])
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        return {"raised": type(error).__name__, "message": str(error), "result": None}
+    return {"raised": None, "message": "", "result": result}
+
+
+@check(
+    book_demo,
+    points=1,
+    hint="Split X and y along dimension 0, one chunk per device (d2l.scatter does it on "
+    "any device; nn.parallel.scatter only on CUDA devices).",
+)
+def book_demo_gives_rows_0_1_and_2_3(seen, ctx):
+    """torch.arange(20).reshape(4, 5) over two devices gives rows 0-1 and rows 2-3."""
+    xs, ys = pair_of(seen)
+    data = torch.arange(20).reshape(4, 5)
+    expect(len(xs) == 2, f"it made {len(xs)} X shards for 2 devices")
+    expect_equal(xs[0], data[:2], "the first X shard")
+    expect_equal(xs[1], data[2:], "the second X shard")
+
+
+@check(
+    uneven_batches,
+    points=1,
+    hint="Use torch.chunk's sizes (as nn.parallel.scatter does): 5 rows over 2 devices "
+    "give 3 and 2, 7 over 3 give 3, 3 and 1.",
+)
+def shard_sizes_follow_torch_chunk(seen, ctx):
+    """Shard sizes are those of torch.chunk: 5 over 2 gives 3 and 2."""
+    for (rows, k), result in zip(UNEVEN, seen, strict=True):
+        xs, _ = pair_of(result)
+        sizes = [x.shape[0] if x.shape else 0 for x in xs]
+        wanted = [len(c) for c in torch.chunk(torch.arange(rows), k)]
+        expect(
+            sizes == wanted,
+            f"{rows} rows over {k} devices gave shards of {sizes}, expected {wanted}",
+        )
+
+
+@check(
+    uneven_batches,
+    points=1,
+    hint="Take contiguous rows in order; do not shuffle or interleave.",
+    after="shard_sizes_follow_torch_chunk",
+)
+def shards_keep_the_row_order(seen, ctx):
+    """Put back together, the X shards are the batch, row for row."""
+    for (rows, k), result in zip(UNEVEN, seen, strict=True):
+        xs, _ = pair_of(result)
+        joined = torch.cat([x.value for x in xs])
+        expect_equal(
+            joined, numbered_batch(rows)[0], f"{rows} rows over {k} devices, shards joined"
+        )
+
+
+@check(
+    uneven_batches,
+    points=1,
+    hint="Split y exactly as X, so that shard i of y holds the labels of shard i of X.",
+    after="shard_sizes_follow_torch_chunk",
+)
+def labels_stay_with_their_examples(seen, ctx):
+    """Shard i of y holds the labels of the rows in shard i of X."""
+    for (rows, k), result in zip(UNEVEN, seen, strict=True):
+        xs, ys = pair_of(result)
+        expect(
+            len(ys) == len(xs),
+            f"{rows} rows over {k} devices: {len(xs)} X shards but {len(ys)} y shards",
+        )
+        for i, (x, yy) in enumerate(zip(xs, ys, strict=True)):
+            rows_here = x.value[:, 0, 0, 0].long() + 100
+            expect_equal(yy, rows_here, f"{rows} rows over {k} devices, y shard {i}")
+
+
+@check(
+    uneven_batches,
+    points=1,
+    hint="Move shard i of X and of y to devices[i].",
+    after="shard_sizes_follow_torch_chunk",
+)
+def shards_land_on_their_devices(seen, ctx):
+    """Shard i of X and of y is on devices[i]."""
+    for (rows, k), result in zip(UNEVEN, seen, strict=True):
+        xs, ys = pair_of(result)
+        wanted = [str(d) for d in cycle(ctx.devices, k)][: len(xs)]
+        for name, shards in (("X", xs), ("y", ys)):
+            got = [s.device for s in shards]
+            expect(
+                got == wanted,
+                f"{rows} rows over {k} devices: the {name} shards are on {got}, expected {wanted}",
+            )
+
+
+@check(
+    mismatched_lengths,
+    points=1,
+    hint="Check first that X and y have the same number of rows, and raise an error that "
+    "says so, for example: assert X.shape[0] == y.shape[0], f'{X.shape[0]} examples but "
+    "{y.shape[0]} labels'.",
+)
+def rejects_mismatched_lengths_with_a_message(seen, ctx):
+    """Four examples with three labels raise an error whose message says what is wrong."""
+    expect(
+        seen["raised"] is not None,
+        "4 examples with 3 labels were split without complaint; the shards would pair "
+        "examples with the wrong labels",
+    )
+    expect(
+        seen["message"].strip() != "",
+        f"it raised {seen['raised']} with an empty message; say what did not match",
+    )
+
+
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "Expected a non cpu device" in raised.message:
+        return (
+            "nn.parallel.scatter works on CUDA devices only, and this machine gives CPU "
+            "stand-ins: use d2l.scatter(X, devices), which splits the same way on any device."
+        )
+    if (
+        raised.type == "AttributeError"
+        and "'Tensor' object has no attribute 'devices'" in raised.message
+    ):
+        return "Look for a '.' typed where a ',' was meant, as in `y. devices`."
+    return None

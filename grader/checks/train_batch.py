@@ -1,0 +1,230 @@
+"""Public checks of `train_batch(X, y, device_params, devices, lr)`: one data-parallel SGD step.
+
+The yardstick is plain SGD on one device: the summed loss of the whole batch, backward,
+and an update divided by the whole batch size. After a correct data-parallel step every
+replica equals that. When a replica does not, the checks compare it with what each
+well-known mistake would give, and name the one that matches.
+"""
+
+import torch
+
+import dplab
+from grader.api import Fail, case, check, close, expect, expect_close
+from grader.fixtures import lenet_loss, random_batch
+from grader.transport import SeenTensor
+
+LR = 0.1
+SCALE = 0.1  # larger than the book's 0.01, so that every layer's update is clearly visible
+NAMES = ["W1", "b1", "W2", "b2", "W3", "b3", "W4", "b4"]
+ORDER_HINT = "Follow the book's order: split, loss and backward per device, all-reduce, update."
+
+
+def start(seed: int) -> list[torch.Tensor]:
+    """Return the parameters every replica starts from."""
+    return dplab.lenet_params(scale=SCALE, seed=seed)
+
+
+def run_steps(student, ctx, n: int, k: int, steps: int = 1) -> list:
+    """Make k replicas and call train_batch `steps` times on random batches of n examples."""
+    devices = (
+        ctx.devices[:k]
+        if k <= len(ctx.devices)
+        else [ctx.devices[i % len(ctx.devices)] for i in range(k)]
+    )
+    replicas = [[t.to(d).requires_grad_() for t in start(ctx.seed)] for d in devices]
+    gen = ctx.generator()
+    for _ in range(steps):
+        X, y = random_batch(gen, n)
+        student.fn(X, y, replicas, devices, LR)
+    return replicas
+
+
+def gradients(params: list[torch.Tensor], X: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """Return the gradient of LeNet's summed loss on (X, y) at `params`."""
+    leaves = [p.detach().clone().requires_grad_() for p in params]
+    lenet_loss(dplab.lenet(X, leaves), y).sum().backward()
+    return [p.grad for p in leaves]
+
+
+def expected_after(seed: int, n: int, steps: int = 1) -> list[torch.Tensor]:
+    """Return the parameters after `steps` plain single-device SGD steps on whole batches."""
+    params = start(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        X, y = random_batch(gen, n)
+        params = [p - LR * g / n for p, g in zip(params, gradients(params, X, y), strict=True)]
+    return params
+
+
+def mistakes_after(seed: int, n: int, k: int) -> dict[str, list[list[torch.Tensor]]]:
+    """Return, for each well-known mistake, the k replicas that one step would leave."""
+    params = start(seed)
+    X, y = random_batch(torch.Generator().manual_seed(seed), n)
+    pieces = list(zip(torch.chunk(X, k), torch.chunk(y, k), strict=True))
+    shard_grads = [gradients(params, Xs, ys) for Xs, ys in pieces]
+    sizes = [len(ys) for _, ys in pieces]
+    total = [sum(gs) for gs in zip(*shard_grads, strict=True)]
+    mean_total = [
+        sum(g / s for g, s in zip(gs, sizes, strict=True)) for gs in zip(*shard_grads, strict=True)
+    ]
+
+    def step(grads, size):
+        return [p - LR * g / size for p, g in zip(params, grads, strict=True)]
+
+    return {
+        "no_allreduce": [step(shard_grads[j], n) for j in range(k)],
+        "shard_size": [step(total, sizes[j]) for j in range(k)],
+        "mean_loss": [step(mean_total, n)] * k,
+        "no_division": [step(total, 1)] * k,
+        "no_update": [params] * k,
+    }
+
+
+MISTAKE_HINTS = {
+    "no_allreduce": "Each replica moved by its own shard's gradient only, so the replicas "
+    "drift apart: all-reduce every parameter's gradients across the devices before updating.",
+    "shard_size": "The update was divided by the shard size; after the all-reduce each gradient "
+    "sums over the whole batch, so divide by the whole batch size, X.shape[0].",
+    "mean_loss": "Each device averaged its loss; sum the per-example losses on each device "
+    "(.sum()) and let the update divide by the whole batch size once.",
+    "no_division": "The update was not divided by the batch size: use d2l.sgd(param, lr, "
+    "X.shape[0]).",
+    "no_update": "The parameters did not change: call backward on each device's loss, "
+    "then update every replica with d2l.sgd.",
+}
+
+
+def replicas_of(seen, k: int) -> list[list[SeenTensor]]:
+    """Return the replicas as k lists of eight tensors, or fail saying what they became."""
+    ok = (
+        isinstance(seen, list)
+        and len(seen) == k
+        and all(isinstance(r, list) and len(r) == 8 for r in seen)
+        and all(isinstance(t, SeenTensor) for r in seen for t in r)
+    )
+    expect(
+        ok,
+        "device_params no longer holds one list of eight tensors per device: "
+        "update the replicas in place",
+    )
+    return seen
+
+
+def diagnosis(seen, seed: int, n: int, k: int) -> str | None:
+    """Return the hint of the first mistake whose replicas match the ones that came back."""
+    for name, replicas in mistakes_after(seed, n, k).items():
+        if all(
+            close(t.value, e, rtol=1e-3, atol=1e-6)
+            for got, want in zip(seen, replicas, strict=True)
+            for t, e in zip(got, want, strict=True)
+        ):
+            return MISTAKE_HINTS[name]
+    return None
+
+
+def expect_plain_sgd(seen, ctx, n: int, k: int, steps: int = 1) -> None:
+    """Fail unless every replica equals `steps` plain SGD steps; name a matching mistake."""
+    replicas = replicas_of(seen, k)
+    before = start(ctx.seed)
+    wanted = expected_after(ctx.seed, n, steps)
+    for r, replica in enumerate(replicas):
+        for i, (got, want, p0) in enumerate(zip(replica, wanted, before, strict=True)):
+            try:
+                # Compare the updates, not the parameters, so a small update cannot hide.
+                expect_close(
+                    got.value.double() - p0.double(),
+                    (want - p0).double(),
+                    f"the update of {NAMES[i]} on device {r}",
+                    rtol=1e-3,
+                    atol=1e-7,
+                )
+            except Fail as fail:
+                hint = diagnosis(replicas, ctx.seed, n, k) if steps == 1 else None
+                raise Fail(fail.message, hint) from None
+
+
+@case
+def even_split(student, ctx):
+    """One step on 8 random examples over two devices (4 and 4)."""
+    return run_steps(student, ctx, n=8, k=2)
+
+
+@case
+def uneven_split(student, ctx):
+    """One step on 7 random examples over two devices (4 and 3)."""
+    return run_steps(student, ctx, n=7, k=2)
+
+
+@case
+def two_steps(student, ctx):
+    """Two steps in a row on 8 random examples each, over two devices."""
+    return run_steps(student, ctx, n=8, k=2, steps=2)
+
+
+@check(even_split, points=3, hint=ORDER_HINT)
+def every_replica_matches_one_sgd_step(seen, ctx):
+    """After one step every replica equals one SGD step on the whole batch on one device."""
+    expect_plain_sgd(seen, ctx, n=8, k=2)
+
+
+@check(uneven_split, points=2, hint=ORDER_HINT)
+def uneven_split_matches_one_sgd_step(seen, ctx):
+    """With shards of 4 and 3, every replica still equals one SGD step on all 7 examples."""
+    expect_plain_sgd(seen, ctx, n=7, k=2)
+
+
+@check(
+    even_split,
+    points=1,
+    hint="Update every replica with the same all-reduced gradients.",
+    after="every_replica_matches_one_sgd_step",
+)
+def replicas_stay_identical(seen, ctx):
+    """All replicas hold the same values after the step."""
+    first = seen[0]
+    for r, replica in enumerate(seen[1:], start=1):
+        for i, (a, b) in enumerate(zip(first, replica, strict=True)):
+            expect(torch.equal(a.value, b.value), f"{NAMES[i]} differs between device 0 and {r}")
+
+
+@check(
+    even_split,
+    points=1,
+    hint="Zero the gradients after the update (d2l.sgd does), or the next step adds to them.",
+    after="every_replica_matches_one_sgd_step",
+)
+def gradients_are_zeroed_after_the_step(seen, ctx):
+    """After the step every replica's gradients are zero (or None)."""
+    for r, replica in enumerate(seen):
+        for i, t in enumerate(replica):
+            if t.grad is not None and bool(t.grad.value.abs().max() > 0):
+                raise Fail(f"the grad of {NAMES[i]} on device {r} is not zero after the step")
+
+
+@check(
+    two_steps,
+    points=2,
+    hint="Two steps must equal two plain SGD steps: zero the gradients after each update "
+    "so they do not pile up.",
+)
+def two_steps_match_two_sgd_steps(seen, ctx):
+    """Two calls in a row equal two plain SGD steps."""
+    expect_plain_sgd(seen, ctx, n=8, k=2, steps=2)
+
+
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "NoneType" in raised.message:
+        return (
+            "A gradient is None: call .backward() on every device's loss before "
+            "all-reducing the gradients."
+        )
+    if "Expected a non cpu device" in raised.message:
+        return "split_batch uses nn.parallel.scatter, which needs CUDA: use d2l.scatter."
+    if "Expected all tensors to be on the same device" in raised.message:
+        return (
+            "Use device_params[i] with the shard on devices[i]: zip shards, replicas and devices."
+        )
+    if "does not require grad" in raised.message:
+        return "The replicas must require grad: they come from get_params."
+    return None

@@ -1,0 +1,232 @@
+"""Public checks of the concise `train(net, ...)`: training a network with nn.DataParallel.
+
+The checks pass a tiny network (one convolution, batch norm, a linear layer) instead of
+ResNet-18, so that a few steps take a fraction of a second on a CPU, and record what the
+student's code does with it: how it is wrapped, how it is initialised, when it runs in
+training or evaluation mode, and whether its loss falls.
+"""
+
+import contextlib
+import io
+
+import torch
+from torch import nn
+
+import dplab
+from grader.api import case, check, expect, patched
+from grader.fixtures import RecordedBatches, batch_name, quiet_animator, sample_images
+from grader.transport import SeenTensor
+
+LR = 1.0
+EPOCHS = 3
+
+
+def tiny_net(seed: int, batch_norm: bool = True) -> nn.Sequential:
+    """Return a small convolutional network for 1x28x28 images, built from `seed`."""
+    torch.manual_seed(seed)
+    layers = [nn.Conv2d(1, 16, kernel_size=3, padding=1)]
+    if batch_norm:
+        layers.append(nn.BatchNorm2d(16))
+    layers += [nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)]
+    return nn.Sequential(*layers)
+
+
+def tiny_batches() -> dict[str, list]:
+    """Return two training batches and one test batch of 16 sample images each."""
+    X, y = sample_images(32)
+    Xt, yt = sample_images(16, split="test")
+    return {"train": [(X[:16], y[:16]), (X[16:], y[16:])], "test": [(Xt, yt)]}
+
+
+def state(net: nn.Module) -> dict:
+    """Return a CPU copy of the network's parameters and buffers."""
+    return {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
+
+
+def as_device_name(d) -> str:
+    """Return the name of a device given as an int (a CUDA index), a string or a torch.device."""
+    return f"cuda:{d}" if isinstance(d, int) else str(torch.device(d))
+
+
+def run_training(student, ctx, lr: float, num_epochs: int, batch_norm: bool = True) -> dict:
+    """Train a tiny network with the student's train(...) and record what happened."""
+    net = tiny_net(ctx.seed, batch_norm)
+    batches = tiny_batches()
+    log: list = []
+    wraps: list = []
+
+    class RecordingDataParallel(nn.DataParallel):
+        def __init__(self, module, device_ids=None, output_device=None, dim=0):
+            wraps.append(
+                {
+                    "is_the_net": module is net,
+                    "device_ids": None
+                    if device_ids is None
+                    else [as_device_name(d) for d in device_ids],
+                    "devices_of_parameters": sorted({str(p.device) for p in module.parameters()}),
+                    "state": state(module),
+                }
+            )
+            super().__init__(module, device_ids, output_device, dim)
+
+    def note_forward(module, inputs):
+        log.append(("forward", bool(module.training), batch_name(batches, inputs[0])))
+
+    net.register_forward_pre_hook(note_forward)
+    data = (
+        RecordedBatches(batches["train"], "train", log),
+        RecordedBatches(batches["test"], "test", log),
+    )
+    printed = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(nn, "DataParallel", RecordingDataParallel))
+        stack.enter_context(patched(nn.parallel, "DataParallel", RecordingDataParallel))
+        if "DataParallel" in student.namespace:
+            stack.enter_context(patched(student.namespace, "DataParallel", RecordingDataParallel))
+        stack.enter_context(patched(dplab, "Animator", quiet_animator(log)))
+        stack.enter_context(contextlib.redirect_stdout(printed))
+        student.fn(
+            net,
+            num_gpus=len(ctx.devices[:2]),
+            batch_size=16,
+            lr=lr,
+            num_epochs=num_epochs,
+            data=data,
+            devices=ctx.devices[:2],
+        )
+    return {"wraps": wraps, "log": log, "final": state(net), "printed": printed.getvalue()}
+
+
+def loss_of(weights: dict, batch_norm: bool = True) -> float:
+    """Return the tiny network's mean cross-entropy on the 32 training images, in training mode."""
+    net = tiny_net(0, batch_norm)
+    net.load_state_dict(
+        {k: v.value if isinstance(v, SeenTensor) else v for k, v in weights.items()}
+    )
+    X, y = sample_images(32)
+    net.train()
+    with torch.no_grad():
+        return float(nn.functional.cross_entropy(net(X), y))
+
+
+def the_wrap(seen: dict) -> dict:
+    """Return the one nn.DataParallel wrapping of the network, or fail."""
+    mine = [w for w in seen["wraps"] if w["is_the_net"]]
+    expect(len(mine) >= 1, "the network was never wrapped in nn.DataParallel")
+    expect(
+        len(mine) == 1,
+        f"the network was wrapped in nn.DataParallel {len(mine)} times; "
+        "wrap it once, before the epochs",
+    )
+    return mine[0]
+
+
+@case
+def three_short_epochs(student, ctx):
+    """Three epochs of two batches of 16 images, learning rate 1.0, with a tiny network."""
+    return run_training(student, ctx, LR, EPOCHS)
+
+
+@case
+def learning_rate_zero(student, ctx):
+    """One epoch with learning rate 0, so the weights stay as initialised."""
+    return run_training(student, ctx, 0.0, 1)
+
+
+@check(
+    three_short_epochs,
+    points=1,
+    hint="Wrap once, before training: net = nn.DataParallel(net, device_ids=devices).",
+)
+def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
+    """The network is wrapped once in nn.DataParallel, with exactly the devices given."""
+    wrap = the_wrap(seen)
+    wanted = [str(d) for d in ctx.devices[:2]]
+    expect(
+        wrap["device_ids"] == wanted,
+        f"nn.DataParallel got device_ids={wrap['device_ids']}, expected {wanted}",
+    )
+
+
+@check(
+    three_short_epochs,
+    points=1,
+    hint="nn.DataParallel wants the module on device_ids[0] already: call "
+    "net.to(devices[0]) before wrapping it.",
+)
+def puts_the_net_on_the_first_device_before_wrapping(seen, ctx):
+    """When it is wrapped, every parameter of the network is on the first device."""
+    wrap = the_wrap(seen)
+    wanted = [str(ctx.devices[0])]
+    expect(
+        wrap["devices_of_parameters"] == wanted,
+        f"when wrapped, the parameters were on {wrap['devices_of_parameters']}, expected {wanted}",
+    )
+
+
+@check(
+    learning_rate_zero,
+    points=1,
+    hint="Apply an init function to every nn.Linear and nn.Conv2d: "
+    "nn.init.normal_(m.weight, std=0.01).",
+)
+def initialises_weights_with_std_0_01(seen, ctx):
+    """The weights of every Conv2d and Linear layer are drawn with mean 0 and std 0.01."""
+    for name in ("0.weight", "5.weight"):
+        w = seen["final"][name].value
+        expect(
+            0.006 < float(w.std()) < 0.015 and abs(float(w.mean())) < 0.005,
+            f"{name} has mean {float(w.mean()):.4f} and std {float(w.std()):.4f}; "
+            "expected mean 0 and std 0.01",
+        )
+
+
+@check(
+    three_short_epochs,
+    points=2,
+    hint="Each minibatch: zero the gradients, move X and y to devices[0], compute the loss "
+    "of net(X), call backward, then step the optimizer.",
+)
+def loss_falls_on_a_small_fixed_batch(seen, ctx):
+    """After three epochs the training loss is lower than it was right after initialisation."""
+    before = loss_of(the_wrap(seen)["state"])
+    after = loss_of(seen["final"])
+    expect(
+        after < 0.98 * before,
+        f"the loss on the training images went from {before:.4f} to {after:.4f}; "
+        "expected it to fall by at least 2%",
+    )
+
+
+@check(
+    three_short_epochs,
+    points=1,
+    hint="Evaluate with d2l.evaluate_accuracy_gpu(net, test_iter), which switches to "
+    "eval mode, and call net.train() at the start of every epoch.",
+)
+def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
+    """Training batches run in training mode, and the test batch runs in eval mode each epoch."""
+    forwards = [e for e in seen["log"] if e[0] == "forward"]
+    train = [e for e in forwards if e[2].startswith("train")]
+    test = [e for e in forwards if e[2].startswith("test")]
+    expect(len(train) >= 2 * EPOCHS, f"only {len(train)} training forwards for {EPOCHS} epochs")
+    expect(
+        all(e[1] for e in train),
+        "some training batches ran in eval mode: call net.train() "
+        "at the start of each epoch, since evaluation switches the network to eval mode",
+    )
+    expect(
+        len(test) >= EPOCHS,
+        f"the test batch went through the network {len(test)} times "
+        f"in {EPOCHS} epochs; evaluate after every epoch",
+    )
+    expect(not any(e[1] for e in test), "the test batch ran in training mode")
+
+
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "module must have its parameters and buffers on device" in raised.message:
+        return "Move the network to devices[0] with net.to(devices[0]) before wrapping it."
+    if "has no attribute 'clone'" in raised.message:
+        return "Modules have no .clone(); nn.DataParallel makes the replicas for you."
+    return None

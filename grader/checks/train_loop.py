@@ -1,0 +1,278 @@
+"""Public checks of the from-scratch `train(...)` loop.
+
+The loop is checked twice. First on three tiny batches with the training step replaced by
+a recorder, so that its shape is judged on its own: epochs outside, minibatches inside,
+evaluation on the first device, a plotted point and a summary line per run. Then for real
+on the embedded sample, where the accuracy must rise above chance.
+"""
+
+import contextlib
+import io
+import re
+
+import torch
+
+import dplab
+from grader.api import Fail, case, check, expect, patched
+from grader.fixtures import RecordedBatches, batch_name, quiet_animator, sample_images
+
+SUMMARY = re.compile(r"test acc: (\d\.\d\d), (\d+\.\d) sec/epoch on (\[.*\])")
+EPOCHS = 2
+
+
+def tiny_batches() -> dict[str, list]:
+    """Return three training batches and two test batches of eight sample images each."""
+    return {
+        "train": [sample_images(8, start=8 * i) for i in range(3)],
+        "test": [sample_images(8, start=8 * i, split="test") for i in range(2)],
+    }
+
+
+@contextlib.contextmanager
+def quiet_plots(student, log: list):
+    """Swap the Animator (under any name the student uses) for one that only records."""
+    quiet = quiet_animator(log)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(dplab, "Animator", quiet))
+        if "Animator" in student.namespace:
+            stack.enter_context(patched(student.namespace, "Animator", quiet))
+        yield
+
+
+def run_recorded(student, ctx, num_epochs: int, devices: list) -> dict:
+    """Run train on the tiny batches with get_params, train_batch and lenet recorded."""
+    batches = tiny_batches()
+    log: list = []
+    replicas: list[int] = []
+
+    def get_params(params, device):
+        copy = [p.to(device) for p in params]
+        replicas.append(id(copy))
+        return copy
+
+    def train_batch(X, y, device_params, devices, lr):
+        log.append(("step", batch_name(batches, X)))
+
+    def lenet(X, params):
+        which = replicas.index(id(params)) if id(params) in replicas else -1
+        log.append(("forward", batch_name(batches, X), which))
+        return dplab.lenet(X, params)
+
+    ns = student.namespace
+    printed = io.StringIO()
+    data = (
+        RecordedBatches(batches["train"], "train", log),
+        RecordedBatches(batches["test"], "test", log),
+    )
+    with (
+        patched(ns, "get_params", get_params),
+        patched(ns, "train_batch", train_batch),
+        patched(ns, "lenet", lenet),
+        patched(ns, "params", dplab.lenet_params(seed=ctx.seed)),
+        quiet_plots(student, log),
+        contextlib.redirect_stdout(printed),
+    ):
+        returned = student.fn(
+            num_gpus=len(devices),
+            batch_size=8,
+            lr=0.1,
+            num_epochs=num_epochs,
+            data=data,
+            devices=devices,
+        )
+    return {"log": log, "returned": returned, "printed": printed.getvalue()}
+
+
+def steps(seen: dict) -> list[str]:
+    """Return the batches train_batch was called with, in order ("train 0", ...)."""
+    return [e[1] for e in seen["log"] if e[0] == "step"]
+
+
+def epochs_of(seen: dict) -> list[list[tuple]]:
+    """Split the log into epochs: each starts when the training batches are iterated again."""
+    epochs: list[list[tuple]] = []
+    for e in seen["log"]:
+        if e == ("pass", "train"):
+            epochs.append([])
+        elif epochs:
+            epochs[-1].append(e)
+    return epochs
+
+
+@case
+def two_epochs_on_tiny_batches(student, ctx):
+    """Two epochs over 3 training and 2 test batches, train_batch replaced by a recorder."""
+    return run_recorded(student, ctx, EPOCHS, ctx.devices[:2])
+
+
+@case
+def learns_on_the_sample(student, ctx):
+    """Four epochs on the embedded sample (4,000 images, batches of 32, lr 0.5)."""
+    data = dplab.data.fashion_mnist(source="sample")
+    train_iter = dplab.Batches(
+        data.train_images, data.train_labels, 32, shuffle=True, seed=ctx.seed
+    )
+    test_iter = dplab.Batches(data.test_images[:500], data.test_labels[:500], 250)
+    made: list = []
+    real_get_params = student.get("get_params")
+
+    def get_params(params, device):
+        made.append(real_get_params(params, device))
+        return made[-1]
+
+    log: list = []
+    with (
+        patched(student.namespace, "get_params", get_params),
+        patched(student.namespace, "params", dplab.lenet_params(seed=ctx.seed)),
+        quiet_plots(student, log),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
+        student.fn(
+            num_gpus=2,
+            batch_size=32,
+            lr=0.5,
+            num_epochs=4,
+            data=(train_iter, test_iter),
+            devices=ctx.devices[:2],
+        )
+    return {"first_replica": made[0] if made else None}
+
+
+@check(
+    two_epochs_on_tiny_batches,
+    points=2,
+    hint="Put the epoch loop outside and the minibatch loop inside: "
+    "for epoch in range(num_epochs): for X, y in train_iter: train_batch(...).",
+)
+def visits_every_batch_once_per_epoch(seen, ctx):
+    """With 3 batches and 2 epochs, train_batch sees batches 0, 1, 2, 0, 1, 2."""
+    wanted = [f"train {i}" for i in range(3)] * EPOCHS
+    got = steps(seen)
+    if got != wanted and sorted(got) == sorted(wanted) and got == sorted(got):
+        raise Fail(
+            f"train_batch saw {got}, expected {wanted}",
+            "The loops are swapped: each minibatch is trained for every epoch before "
+            "moving on. The epoch loop goes outside, the minibatch loop inside.",
+        )
+    expect(got == wanted, f"train_batch saw {got}, expected {wanted}")
+
+
+@check(
+    two_epochs_on_tiny_batches,
+    points=1,
+    hint="After each epoch, evaluate with the first device's parameters: "
+    "d2l.evaluate_accuracy_gpu(lambda x: lenet(x, device_params[0]), test_iter, devices[0]).",
+    after="visits_every_batch_once_per_epoch",
+)
+def evaluates_on_the_first_device_after_each_epoch(seen, ctx):
+    """After each epoch's minibatches, every test batch goes through LeNet with replica 0."""
+    for number, epoch in enumerate(epochs_of(seen), start=1):
+        last_step = max(i for i, e in enumerate(epoch) if e[0] == "step")
+        tests = [e for e in epoch if e[0] == "forward" and e[1].startswith("test")]
+        expect(
+            sorted(e[1] for e in tests) == ["test 0", "test 1"],
+            f"in epoch {number} the test batches seen were {[e[1] for e in tests]}, "
+            "expected test 0 and test 1 once each",
+        )
+        expect(
+            all(e[2] == 0 for e in tests),
+            f"in epoch {number} the test batches ran with replica "
+            f"{sorted({e[2] for e in tests})}, expected 0 (the first device's parameters)",
+        )
+        expect(
+            all(epoch.index(e) > last_step for e in tests),
+            f"in epoch {number} evaluation came before the last minibatch",
+        )
+
+
+@check(
+    two_epochs_on_tiny_batches,
+    points=1,
+    hint="Make an Animator('epoch', 'test acc', xlim=[1, num_epochs]) and call "
+    "animator.add(epoch + 1, (test_acc,)) once per epoch.",
+    after="visits_every_batch_once_per_epoch",
+)
+def plots_the_test_accuracy_each_epoch(seen, ctx):
+    """The Animator gets one point per epoch, at x = 1, 2, ..., with an accuracy in [0, 1]."""
+    points = [e for e in seen["log"] if e[0] == "plot"]
+    xs = [float(p[1]) for p in points if isinstance(p[1], int | float)]
+    expect(
+        xs == [float(i) for i in range(1, EPOCHS + 1)],
+        f"the plot got points at x = {xs}, expected {list(range(1, EPOCHS + 1))}",
+    )
+    for p in points:
+        ys = p[2]
+        expect(
+            len(ys) >= 1 and all(isinstance(v, float | int) and 0 <= v <= 1 for v in ys),
+            f"the plotted values {ys} are not accuracies between 0 and 1",
+        )
+
+
+@check(
+    two_epochs_on_tiny_batches,
+    points=1,
+    hint="End with the book's line: print(f'test acc: {animator.Y[0][-1]:.2f}, "
+    "{timer.avg():.1f} sec/epoch on {str(devices)}').",
+    after="visits_every_batch_once_per_epoch",
+)
+def prints_the_summary_line(seen, ctx):
+    """It prints `test acc: 0.xx, y.y sec/epoch on [devices]` with the devices it used."""
+    match = SUMMARY.search(seen["printed"])
+    printed = seen["printed"].strip().splitlines()[-3:]
+    expect(
+        match is not None,
+        f"no line like 'test acc: 0.84, 2.8 sec/epoch on [...]' was "
+        f"printed; the last lines printed were {printed}",
+    )
+    wanted = str(ctx.devices[:2])
+    expect(
+        match.group(3) == wanted,
+        f"the summary names the devices {match.group(3)}, expected {wanted}",
+    )
+
+
+@check(
+    two_epochs_on_tiny_batches,
+    points=1,
+    hint="Return the test accuracies, one per epoch (animator.Y[0] holds them).",
+    after="visits_every_batch_once_per_epoch",
+)
+def returns_the_accuracy_history(seen, ctx):
+    """It returns a list of one test accuracy per epoch, ending with the printed one."""
+    history = seen["returned"]
+    expect(
+        isinstance(history, list)
+        and len(history) == EPOCHS
+        and all(isinstance(a, int | float) and 0 <= a <= 1 for a in history),
+        f"train returned {history!r}, expected a list of {EPOCHS} accuracies",
+    )
+    match = SUMMARY.search(seen["printed"])
+    if match:
+        expect(
+            f"{history[-1]:.2f}" == match.group(1),
+            f"the last accuracy returned is {history[-1]:.2f} but {match.group(1)} was printed",
+        )
+
+
+@check(
+    learns_on_the_sample,
+    points=2,
+    hint="If train_batch, get_params or allreduce fail their own checks, fix those first; "
+    "the loop must call train_batch on every minibatch with the replicas from get_params.",
+)
+def accuracy_rises_above_chance(seen, ctx):
+    """After four epochs on the sample, the first replica classifies at least 30% of test
+    images correctly (chance is 10%); the grader measures it itself."""
+    params = seen["first_replica"]
+    expect(
+        isinstance(params, list) and len(params) == 8,
+        "get_params was never called, so there is no trained model to measure",
+    )
+    X, y = sample_images(500, split="test")
+    with torch.no_grad():
+        acc = dplab.accuracy(dplab.lenet(X, [p.value for p in params]), y) / len(y)
+    expect(
+        acc >= 0.3,
+        f"after four epochs the first replica has test accuracy {acc:.2f}, "
+        "expected at least 0.30 (chance is 0.10)",
+    )

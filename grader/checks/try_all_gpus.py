@@ -1,0 +1,60 @@
+"""Public checks of `try_all_gpus()`: every GPU, or `[cpu]` when there is none."""
+
+from grader.api import case, check, expect
+from grader.fixtures import pretend_gpus
+
+
+def listing(student) -> dict:
+    """Call try_all_gpus and note what came back."""
+    got = student.fn()
+    items = list(got) if isinstance(got, list | tuple) else None
+    return {
+        "kind": type(got).__name__,
+        "devices": [str(d) for d in items] if items is not None else None,
+        "kinds": [type(d).__name__ for d in items] if items is not None else [],
+    }
+
+
+def expect_listing(seen: dict, wanted: list[str], setting: str) -> None:
+    """Fail unless try_all_gpus gave a list of exactly these devices."""
+    expect(seen["devices"] is not None, f"it returned a {seen['kind']}, expected a list of devices")
+    expect(
+        seen["devices"] == wanted, f"with {setting} it gave {seen['devices']}, expected {wanted}"
+    )
+    for kind in seen["kinds"]:
+        expect(kind == "device", f"the list holds a {kind}, expected torch.device objects")
+
+
+@case
+def three_gpus(student, ctx):
+    """Pretend there are three GPUs and list them."""
+    with pretend_gpus(3):
+        return listing(student)
+
+
+@case
+def no_gpu(student, ctx):
+    """Pretend there is no GPU and list the devices."""
+    with pretend_gpus(0):
+        return listing(student)
+
+
+@check(
+    three_gpus,
+    points=1,
+    hint="Build [torch.device(f'cuda:{i}') for i in range(torch.cuda.device_count())].",
+)
+def lists_every_gpu(seen, ctx):
+    """With three GPUs it lists cuda:0, cuda:1 and cuda:2, in order."""
+    expect_listing(seen, ["cuda:0", "cuda:1", "cuda:2"], "3 GPUs")
+
+
+@check(
+    no_gpu,
+    points=1,
+    hint="With no GPU the list would be empty and training code would have no device: "
+    "return [torch.device('cpu')] then.",
+)
+def gives_the_cpu_when_there_is_no_gpu(seen, ctx):
+    """With no GPU it returns [cpu], not an empty list."""
+    expect_listing(seen, ["cpu"], "no GPU")

@@ -1,0 +1,115 @@
+"""Inputs and recorders that several exercises' checks share.
+
+Nothing here solves an exercise: the inputs are built from seeds, and the recorders only
+note what the student's code did.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from functools import cache
+
+import torch
+from torch import Tensor, nn
+
+import dplab
+from dplab.data import fashion_mnist
+
+# LeNet's loss in the book: per-example cross-entropy, summed by the caller.
+lenet_loss = nn.CrossEntropyLoss(reduction="none")
+
+
+def cycle(devices: list[torch.device], k: int) -> list[torch.device]:
+    """Return `k` devices taken round-robin from `devices`."""
+    return [devices[i % len(devices)] for i in range(k)]
+
+
+@cache
+def _sample() -> dplab.data.FashionMNIST:
+    return fashion_mnist(source="sample")
+
+
+def sample_images(n: int, start: int = 0, split: str = "train") -> tuple[Tensor, Tensor]:
+    """Return `n` images (float, N x 1 x 28 x 28) and labels from the embedded sample.
+
+    The checks always use the sample, so that a verdict never depends on which copy of
+    Fashion-MNIST a machine has.
+    """
+    data = _sample()
+    images = data.train_images if split == "train" else data.test_images
+    labels = data.train_labels if split == "train" else data.test_labels
+    X = images[start : start + n].unsqueeze(1).float().div(255)
+    return X, labels[start : start + n].clone()
+
+
+def random_batch(gen: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
+    """Return a random batch of `n` 1x28x28 inputs and labels in 0..9."""
+    return torch.randn(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+
+
+def lenet_replicas(seed: int, devices: list[torch.device]) -> list[list[Tensor]]:
+    """Return one trainable LeNet parameter list per device, equal in value, built afresh."""
+    return [[t.to(d).requires_grad_() for t in dplab.lenet_params(seed=seed)] for d in devices]
+
+
+@contextlib.contextmanager
+def pretend_gpus(n: int) -> Iterator[None]:
+    """Make `torch.cuda` report `n` GPUs while the block runs (nothing is allocated on them)."""
+    cuda = torch.cuda
+    saved = cuda.device_count, cuda.is_available
+    cuda.device_count = lambda: n
+    cuda.is_available = lambda: n > 0
+    try:
+        yield
+    finally:
+        cuda.device_count, cuda.is_available = saved
+
+
+class RecordedBatches:
+    """An iterable of fixed batches that notes every pass and every batch handed out."""
+
+    def __init__(self, batches: list[tuple[Tensor, Tensor]], tag: str, log: list) -> None:
+        self.batches, self.tag, self.log = batches, tag, log
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        self.log.append(("pass", self.tag))
+        yield from self.batches
+
+
+def batch_name(batches: dict[str, list[tuple[Tensor, Tensor]]], X: Tensor) -> str:
+    """Return which batch `X` is ("train 2"), by identity, by value or as a contiguous part
+    of one (nn.DataParallel hands each GPU a part), or "other"."""
+    for tag, items in batches.items():
+        for i, (B, _) in enumerate(items):
+            if X is B:
+                return f"{tag} {i}"
+    X = X.detach().to("cpu")
+    for tag, items in batches.items():
+        for i, (B, _) in enumerate(items):
+            if X.shape[1:] != B.shape[1:] or len(X) > len(B):
+                continue
+            for start in range(len(B) - len(X) + 1):
+                if torch.equal(X, B[start : start + len(X)]):
+                    return f"{tag} {i}"
+    return "other"
+
+
+def quiet_animator(log: list) -> type:
+    """Return an Animator class that never draws and notes each `add` into `log`."""
+
+    class QuietAnimator(dplab.Animator):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.inline = False
+
+        def add(self, x, y) -> None:
+            ys = list(y) if isinstance(y, list | tuple) else [y]
+            log.append(("plot", x, ys))
+            super().add(x, y)
+
+        def _draw(self) -> None:
+            pass
+
+    return QuietAnimator

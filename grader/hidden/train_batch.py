@@ -1,0 +1,30 @@
+"""Hidden checks of `train_batch`: four replicas judged against the reference solution."""
+
+import torch
+
+from grader.api import case, check, expect_close
+from grader.checks.train_batch import LR, NAMES, replicas_of, run_steps, start
+from grader.fixtures import random_batch
+
+
+@case
+def four_replicas(student, ctx):
+    """One step on 10 random examples over four devices (3, 3, 3 and 1)."""
+    return run_steps(student, ctx, n=10, k=4)
+
+
+@check(
+    four_replicas,
+    points=2,
+    hint="Loop over all devices, not just two: split, backward and update on each of them.",
+)
+def matches_the_reference_on_four_devices(seen, ctx):
+    """With four replicas, every replica equals the reference train_batch's."""
+    replicas = replicas_of(seen, 4)
+    devices = [torch.device("cpu")] * 4
+    wanted = [[t.requires_grad_() for t in start(ctx.seed)] for _ in devices]
+    X, y = random_batch(ctx.generator(), 10)
+    ctx.reference["train_batch"](X, y, wanted, devices, LR)
+    for r, (got, want) in enumerate(zip(replicas, wanted, strict=True)):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            expect_close(a, b.detach(), f"{NAMES[i]} on device {r}", rtol=1e-4, atol=1e-6)

@@ -1,0 +1,58 @@
+"""Hidden checks of the concise `train(net, ...)`."""
+
+import torch
+from torch import nn
+
+from grader.api import case, check, expect, expect_close
+from grader.checks.train_dataparallel import (
+    EPOCHS,
+    LR,
+    run_training,
+    the_wrap,
+    tiny_batches,
+    tiny_net,
+)
+from grader.checks.train_loop import SUMMARY
+
+
+@case
+def three_epochs_without_batch_norm(student, ctx):
+    """Three epochs with a tiny network without batch norm, whose training is deterministic."""
+    return run_training(student, ctx, LR, EPOCHS, batch_norm=False)
+
+
+@check(
+    three_epochs_without_batch_norm,
+    points=2,
+    hint="Use torch.optim.SGD(net.parameters(), lr) and nn.CrossEntropyLoss() (the mean), "
+    "zero the gradients before each backward, and step once per minibatch.",
+)
+def training_matches_plain_sgd(seen, ctx):
+    """From the weights it was wrapped with, training gives what plain minibatch SGD gives."""
+    start = {k: v.value for k, v in the_wrap(seen)["state"].items()}
+    net = tiny_net(0, batch_norm=False)
+    net.load_state_dict(start)
+    optimizer = torch.optim.SGD(net.parameters(), LR)
+    for _ in range(EPOCHS):
+        for X, y in tiny_batches()["train"]:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(net(X), y).backward()
+            optimizer.step()
+    for name, wanted in net.state_dict().items():
+        expect_close(seen["final"][name], wanted, f"{name} after training", rtol=1e-3, atol=1e-5)
+
+
+@check(
+    three_epochs_without_batch_norm,
+    points=1,
+    hint="End with print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch "
+    "on {str(devices)}').",
+)
+def prints_the_summary_line(seen, ctx):
+    """It prints the book's summary line with the devices it trained on."""
+    match = SUMMARY.search(seen["printed"])
+    expect(match is not None, "no line like 'test acc: 0.91, 12.3 sec/epoch on [...]' was printed")
+    expect(
+        match.group(3) == str(ctx.devices[:2]),
+        f"the summary names the devices {match.group(3)}, expected {ctx.devices[:2]}",
+    )

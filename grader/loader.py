@@ -1,0 +1,161 @@
+"""Turn a notebook into a namespace of the student's definitions, without running its training.
+
+Loading runs the notebook's code cells top to bottom, one top-level statement at a time:
+- a statement that fails (a broken demo, a missing GPU) is noted and loading goes on, so
+  one mistake never costs the student the other exercises;
+- a statement that calls a training function (`train(num_gpus=2, ...)`) is skipped: the
+  checks call those functions themselves, on tiny data; so is a check cell (`check(...)`);
+- IPython magics (`%matplotlib inline`, `!pip ...`) are dropped;
+- `from d2l import torch as d2l` gives the lab's `dplab`, so book-style code loads
+  without the `d2l` package and every submission sees the same helpers.
+"""
+
+import ast
+import contextlib
+import io
+import json
+import linecache
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dplab
+
+
+NEVER_CALLED = frozenset({"check"})  # the notebook's own check cells: grading runs the checks
+
+
+class NotebookError(Exception):
+    """The file cannot be read as a notebook at all."""
+
+
+@dataclass
+class Loaded:
+    """What loading a notebook gave: the student's namespace and what happened on the way."""
+
+    path: Path
+    namespace: dict
+    notes: list[str] = field(default_factory=list)
+
+
+def install_d2l_alias() -> None:
+    """Make `import d2l`, `from d2l import torch as d2l` and `import d2l.torch` give dplab."""
+    package = types.ModuleType("d2l", "Stand-in for the d2l package: its torch part is dplab.")
+    package.torch = dplab
+    package.__path__ = []
+    sys.modules["d2l"] = package
+    sys.modules["d2l.torch"] = dplab
+
+
+def read_cells(path: Path) -> list[str]:
+    """Return the sources of the notebook's code cells, or raise NotebookError saying why not."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotebookError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise NotebookError(f"{path} cannot be read: {error}") from None
+    try:
+        nb = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise NotebookError(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno}); "
+            "open it in JupyterLab and save it again, or submit a fresh copy"
+        ) from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise NotebookError(f"{path} is JSON but not a notebook: it has no list of cells")
+    sources = []
+    for cell in nb["cells"]:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            source = cell.get("source", "")
+            sources.append("".join(source) if isinstance(source, list) else str(source))
+    return sources
+
+
+def strip_magics(source: str) -> tuple[str, str | None]:
+    """Blank out IPython-only lines; return the code and a note if something was dropped."""
+    lines = source.splitlines()
+    first = lines[0].strip() if lines else ""
+    if first.startswith("%%"):
+        if first.split()[0] in ("%%time", "%%capture"):
+            return "\n".join([""] + lines[1:]), None
+        return "", f"skipped a {first.split()[0]} cell magic"
+    kept = []
+    for line in lines:
+        stripped = line.lstrip()
+        if stripped.startswith(("%", "!")):
+            indent = line[: len(line) - len(stripped)]
+            kept.append(f"{indent}pass" if indent else "")
+        else:
+            kept.append(line)
+    return "\n".join(kept), None
+
+
+def calls_any(node: ast.AST, names: frozenset[str]) -> str | None:
+    """Return the name of a function in `names` that `node` calls at top level, if any.
+
+    Calls inside function or class bodies and lambdas do not count: defining is not running.
+    """
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+        return None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+        return node.func.id
+    for child in ast.iter_child_nodes(node):
+        if found := calls_any(child, names):
+            return found
+    return None
+
+
+def load_notebook(
+    path: str | Path, skip_calls: frozenset[str] = frozenset(), module_name: str | None = None
+) -> Loaded:
+    """Run the notebook's definitions into a fresh module namespace; see the module docstring."""
+    path = Path(path)
+    install_d2l_alias()
+    name = module_name or f"submission_{path.stem.replace('-', '_')}"
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    loaded = Loaded(path, module.__dict__)
+    skip_calls = skip_calls | NEVER_CALLED
+    for number, raw in enumerate(read_cells(path), start=1):
+        source, note = strip_magics(raw)
+        if note:
+            loaded.notes.append(f"code cell {number}: {note}")
+        filename = f"<{path.name}, code cell {number}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            tree = ast.parse(source, filename=filename)
+        except SyntaxError as error:
+            loaded.notes.append(
+                f"code cell {number}: syntax error on line {error.lineno}: {error.msg}; "
+                "nothing in this cell was loaded"
+            )
+            continue
+        for statement in tree.body:
+            _run_statement(statement, filename, number, skip_calls, loaded)
+    return loaded
+
+
+def _run_statement(
+    statement: ast.stmt, filename: str, cell: int, skip_calls: frozenset[str], loaded: Loaded
+) -> None:
+    where = f"code cell {cell}, line {statement.lineno}"
+    if called := calls_any(statement, skip_calls):
+        if called not in NEVER_CALLED:
+            loaded.notes.append(
+                f"{where}: did not run this call of {called}(...): the checks call it on tiny data"
+            )
+        return
+    code = compile(ast.Module(body=[statement], type_ignores=[]), filename, "exec")
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            exec(code, loaded.namespace)
+    except (Exception, SystemExit) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        loaded.notes.append(
+            f"{where}: raised {type(error).__name__}{': ' + message[:200] if message else ''}"
+            " (loading went on)"
+        )

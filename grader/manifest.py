@@ -1,0 +1,84 @@
+"""Read `manifest.toml`, the single list of exercises, and find the files it names."""
+
+import os
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+MANIFEST = Path(__file__).with_name("manifest.toml")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: what the student writes, where, and what checks it."""
+
+    id: str
+    title: str
+    notebook: str
+    function: str
+    points: float
+    checks: str
+    hidden: str
+    mistakes: str
+    trains: bool = False
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The assignment and its exercises, in teaching order."""
+
+    assignment: str
+    title: str
+    exercises: tuple[Exercise, ...]
+
+    def exercise(self, exercise_id: str) -> Exercise:
+        """Return the exercise called `exercise_id`, or explain which ids exist."""
+        for ex in self.exercises:
+            if ex.id == exercise_id:
+                return ex
+        known = ", ".join(ex.id for ex in self.exercises)
+        raise KeyError(f"no exercise called {exercise_id!r}; the exercises are: {known}")
+
+    @property
+    def notebooks(self) -> list[str]:
+        """Return the notebook names, in teaching order, each once."""
+        return list(dict.fromkeys(ex.notebook for ex in self.exercises))
+
+    def in_notebook(self, notebook: str) -> list[Exercise]:
+        """Return the exercises that live in `notebook`."""
+        return [ex for ex in self.exercises if ex.notebook == notebook]
+
+    @property
+    def max_score(self) -> float:
+        """Return the points of the whole assignment."""
+        return sum(ex.points for ex in self.exercises)
+
+    @property
+    def training_functions(self) -> frozenset[str]:
+        """Return the names of functions that train, which loading never calls."""
+        return frozenset(ex.function for ex in self.exercises if ex.trains)
+
+
+@cache
+def load_manifest(path: Path = MANIFEST) -> Manifest:
+    """Parse the manifest file."""
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    exercises = tuple(Exercise(**entry) for entry in raw["exercise"])
+    ids = [ex.id for ex in exercises]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: exercise ids must be unique, got {ids}")
+    return Manifest(raw["assignment"]["id"], raw["assignment"]["title"], exercises)
+
+
+def solutions_dir() -> Path:
+    """Return the folder of reference notebooks (`$GRADER_SOLUTIONS`, else the repo's)."""
+    default = REPO / "solutions" / load_manifest().assignment
+    return Path(os.environ.get("GRADER_SOLUTIONS", default))
+
+
+def exercises_dir() -> Path:
+    """Return the folder of student notebooks as released."""
+    return REPO / "exercises" / load_manifest().assignment

@@ -1,0 +1,71 @@
+"""Find each exercise's checks and error diagnoses from the modules the manifest names."""
+
+import dataclasses
+import importlib
+from types import ModuleType
+
+from grader.api import Check
+from grader.manifest import Exercise
+from grader.runner import Raised
+
+
+class HiddenChecksUnavailable(RuntimeError):
+    """Hidden checks were asked for where they are not installed (a student's copy)."""
+
+
+def _module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and name.startswith(error.name):
+            return None
+        raise
+
+
+def checks_in(module: ModuleType, hidden: bool = False) -> list[Check]:
+    """Return the checks a module defines, in the order it defines them."""
+    found = [v for v in vars(module).values() if isinstance(v, Check)]
+    return [dataclasses.replace(c, hidden=True) for c in found] if hidden else found
+
+
+def hidden_available(exercise: Exercise) -> bool:
+    """Return True if the exercise's hidden checks are installed here."""
+    return _module(exercise.hidden) is not None
+
+
+def public_checks(exercise: Exercise) -> list[Check]:
+    """Return the exercise's public checks."""
+    public = _module(exercise.checks)
+    if public is None:
+        raise ModuleNotFoundError(f"the checks of {exercise.id}, {exercise.checks}, are missing")
+    return checks_in(public)
+
+
+def hidden_checks(exercise: Exercise) -> list[Check]:
+    """Return the exercise's hidden checks, or say that they are not installed here."""
+    hidden = _module(exercise.hidden)
+    if hidden is None:
+        raise HiddenChecksUnavailable(
+            f"the hidden checks of {exercise.id} are not installed here; "
+            "they exist only on the instructor's side"
+        )
+    return checks_in(hidden, hidden=True)
+
+
+def exercise_checks(exercise: Exercise, include_hidden: bool) -> list[Check]:
+    """Return the exercise's public checks, then its hidden ones if asked for."""
+    return public_checks(exercise) + (hidden_checks(exercise) if include_hidden else [])
+
+
+def diagnoser(exercise: Exercise):
+    """Return the exercise's function that turns an exception into a hint (or None)."""
+    modules = [m for m in (_module(exercise.checks), _module(exercise.hidden)) if m is not None]
+    found = [m.diagnose for m in modules if callable(getattr(m, "diagnose", None))]
+
+    def diagnose(raised: Raised) -> str | None:
+        for d in found:
+            if hint := d(raised):
+                return hint
+        return None
+
+    return diagnose

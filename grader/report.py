@@ -1,0 +1,116 @@
+"""Results of grading, as dataclasses, and how they are written out and shown."""
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class CheckResult:
+    """The verdict on one check."""
+
+    name: str  # the check's function name, which says what it proves
+    passed: bool
+    points: float  # points earned: all of max_points or none
+    max_points: float
+    message: str  # what came back against what was expected ("" when passed)
+    hint: str  # the likely mistake and what to do ("" when passed)
+    hidden: bool = False  # hidden checks exist only on the instructor's side
+
+
+@dataclass
+class ExerciseResult:
+    """The verdicts on one exercise's checks."""
+
+    name: str  # the exercise id from the manifest
+    score: float
+    max_score: float
+    checks: list[CheckResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # problems that concern the whole exercise
+
+
+@dataclass
+class SubmissionResult:
+    """Everything about one submission."""
+
+    id: str
+    path: str
+    score: float
+    max_score: float
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what loading the notebooks reported
+
+
+def exercise_result(
+    name: str,
+    checks: list[CheckResult],
+    notes: list[str] | None = None,
+    max_score: float | None = None,
+) -> ExerciseResult:
+    """Sum the checks' points into an exercise result."""
+    total = sum(c.max_points for c in checks) if max_score is None else max_score
+    return ExerciseResult(name, sum(c.points for c in checks), total, checks, notes or [])
+
+
+def submission_result(
+    sub_id: str, path: str, exercises: list[ExerciseResult], notes: list[str]
+) -> SubmissionResult:
+    """Sum the exercises' scores into a submission result."""
+    return SubmissionResult(
+        sub_id,
+        path,
+        sum(e.score for e in exercises),
+        sum(e.max_score for e in exercises),
+        exercises,
+        notes,
+    )
+
+
+def write_json(results: list[SubmissionResult], path: Path) -> None:
+    """Write the JSON report atomically (a reader never sees half a file)."""
+    payload = {"submissions": [asdict(r) for r in results]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _points(x: float) -> str:
+    return f"{x:g}"
+
+
+def render_exercise(result: ExerciseResult, title: str = "") -> str:
+    """Return the exercise's verdicts as text for a terminal or a notebook."""
+    passed = sum(c.passed for c in result.checks)
+    heading = f"{result.name}" + (f" ({title})" if title else "")
+    lines = [
+        f"{heading}: {passed} of {len(result.checks)} checks passed, "
+        f"{_points(result.score)}/{_points(result.max_score)} points"
+    ]
+    lines += [f"  ! {note}" for note in result.notes]
+    width = max((len(c.name) for c in result.checks), default=0)
+    for c in result.checks:
+        mark = "✓" if c.passed else "✗"
+        tag = " (hidden)" if c.hidden else ""
+        lines.append(
+            f"  {mark} {c.name.ljust(width)}  {_points(c.points)}/{_points(c.max_points)}{tag}"
+        )
+        if not c.passed:
+            lines.append(f"      {c.message}")
+            if c.hint:
+                lines.append(f"      hint: {c.hint}")
+    return "\n".join(lines)
+
+
+def render_submission(result: SubmissionResult, titles: dict[str, str] | None = None) -> str:
+    """Return a whole submission's verdicts as text."""
+    titles = titles or {}
+    parts = [f"{result.id}: {_points(result.score)}/{_points(result.max_score)} points"]
+    parts += [f"  note: {note}" for note in result.notes]
+    parts += [render_exercise(e, titles.get(e.name, "")) for e in result.exercises]
+    return "\n\n".join(parts)

@@ -1,0 +1,109 @@
+"""Work out what a submission is: which notebook files hold which exercises."""
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader.loader import NotebookError, read_cells, strip_magics
+from grader.manifest import Exercise, Manifest
+
+
+@dataclass
+class Submission:
+    """One student's work: an id, its notebooks by manifest name, and what to grade."""
+
+    id: str
+    path: Path
+    notebooks: dict[str, Path]
+    exercises: list[Exercise]
+    notes: list[str] = field(default_factory=list)
+
+
+def defined_functions(path: Path) -> set[str]:
+    """Return the names of the functions a notebook defines at top level (without running it)."""
+    names: set[str] = set()
+    try:
+        cells = read_cells(path)
+    except NotebookError:
+        return names
+    for source in cells:
+        try:
+            tree = ast.parse(strip_magics(source)[0])
+        except SyntaxError:
+            continue
+        names |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    return names
+
+
+def best_match(path: Path, manifest: Manifest, candidates: list[str]) -> str | None:
+    """Return the manifest notebook whose exercise functions `path` defines most of."""
+    defined = defined_functions(path)
+    shared = {
+        f
+        for f in (ex.function for ex in manifest.exercises)
+        if sum(ex.function == f for ex in manifest.exercises) > 1
+    }
+    scores = {
+        nb: len({ex.function for ex in manifest.in_notebook(nb)} & defined - shared)
+        for nb in candidates
+    }
+    best = max(scores, key=scores.get, default=None)
+    return best if best is not None and scores[best] > 0 else None
+
+
+def submission_id(path: Path, manifest: Manifest) -> str:
+    """Name a submission after its folder (skipping a folder named after the assignment)."""
+    path = path.resolve()
+    if path.is_file():
+        return path.stem
+    if path.name == manifest.assignment and path.parent.name:
+        return path.parent.name
+    return path.name
+
+
+def find_submission(path: str | Path, manifest: Manifest) -> Submission:
+    """Return the submission at `path`: a notebook file, or a folder of exercise notebooks."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: give a notebook or a folder of notebooks")
+    sub = Submission(submission_id(path, manifest), path, {}, [])
+    if path.is_file():
+        name = (
+            path.name
+            if path.name in manifest.notebooks
+            else best_match(path, manifest, manifest.notebooks)
+        )
+        if name is None:
+            sub.notes.append(
+                f"{path.name} is not one of the lab's notebooks "
+                f"({', '.join(manifest.notebooks)}) and defines none of their "
+                "functions; it was graded against every exercise"
+            )
+            sub.notebooks = dict.fromkeys(manifest.notebooks, path)
+            sub.exercises = list(manifest.exercises)
+            return sub
+        if name != path.name:
+            sub.notes.append(f"{path.name} was graded as {name}, whose functions it defines")
+        sub.notebooks = {name: path}
+        sub.exercises = manifest.in_notebook(name)
+        return sub
+    folders = [path, path / manifest.assignment]
+    for name in manifest.notebooks:
+        for folder in folders:
+            if (folder / name).is_file():
+                sub.notebooks[name] = folder / name
+                break
+    missing = [nb for nb in manifest.notebooks if nb not in sub.notebooks]
+    others = sorted(
+        {p for folder in folders if folder.is_dir() for p in folder.glob("*.ipynb")}
+        - set(sub.notebooks.values())
+    )
+    for other in others:
+        if missing and (name := best_match(other, manifest, missing)):
+            sub.notebooks[name] = other
+            missing.remove(name)
+            sub.notes.append(f"{other.name} was graded as {name}, whose functions it defines")
+    for name in missing:
+        sub.notes.append(f"{name} is missing from {path}: its exercises score 0")
+    sub.exercises = list(manifest.exercises)
+    return sub
