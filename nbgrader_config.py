@@ -13,6 +13,5 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 
-c.ClearSolutions.code_stub = {
-    "python": "# YOUR CODE HERE\nraise NotImplementedError('write this function, then run the check below')"
-}
+STUB = "# YOUR CODE HERE\nraise NotImplementedError('write this function, then run its check')"
+c.ClearSolutions.code_stub = {"python": STUB}

@@ -8,6 +8,8 @@ Where the images come from, in order:
 4. a torchvision download into the data root (skipped when `DPLAB_OFFLINE=1`);
 5. the small sample shipped inside this package, so that everything works offline.
 
+`DPLAB_DATA_SOURCE=sample` (or `full`) overrides the default choice, "auto".
+
 `load_data_fashion_mnist` keeps the decoded images in memory as one uint8 tensor and cuts
 minibatches out of it by index: no per-image PIL work, no worker processes.
 `load_data_fashion_mnist_book` is the book's torchvision `DataLoader` pipeline, kept for comparison.
@@ -164,9 +166,11 @@ def _announce(message: str) -> None:
         print(message)
 
 
-def fashion_mnist(path: str | Path | None = None, source: str = "auto") -> FashionMNIST:
+def fashion_mnist(path: str | Path | None = None, source: str | None = None) -> FashionMNIST:
     """Return the decoded set. `source` is "auto" (full set if found, else the sample),
-    "full" (the full set or an error listing what was tried) or "sample"."""
+    "full" (the full set or an error listing what was tried) or "sample"; by default it is
+    `$DPLAB_DATA_SOURCE`, else "auto"."""
+    source = source or os.environ.get("DPLAB_DATA_SOURCE", "auto")
     if source not in ("auto", "full", "sample"):
         raise ValueError(f'source must be "auto", "full" or "sample", not {source!r}')
     tried: list[str] = []
@@ -239,7 +243,7 @@ def load_data_fashion_mnist(
     resize: int | tuple[int, int] | None = None,
     *,
     path: str | Path | None = None,
-    source: str = "auto",
+    source: str | None = None,
     subset: tuple[int, int] | None = None,
 ) -> tuple[Batches, Batches]:
     """Return (train_iter, test_iter) over Fashion-MNIST; train batches are reshuffled each pass.
@@ -286,7 +290,7 @@ def load_data_fashion_mnist_book(
     resize: int | None = None,
     *,
     path: str | Path | None = None,
-    source: str = "auto",
+    source: str | None = None,
     num_workers: int = 4,
 ) -> tuple["torch.utils.data.DataLoader", "torch.utils.data.DataLoader"]:
     """Return the book's pipeline: torchvision datasets decoded image by image in a DataLoader."""

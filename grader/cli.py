@@ -21,6 +21,19 @@ def exercise_table() -> str:
     return "\n".join(rows)
 
 
+def mistake_table(exercises: list[str] | None = None) -> str:
+    """Return the catalogue of known mistakes as a Markdown table."""
+    from grader.mistakes import mistakes_of
+
+    manifest = load_manifest()
+    wanted = [manifest.exercise(e) for e in exercises] if exercises else manifest.exercises
+    rows = ["| exercise | mistake | caught by | seen in |", "|---|---|---|---|"]
+    for ex in wanted:
+        for name, m in mistakes_of(ex).items():
+            rows.append(f"| `{ex.id}` | {name.replace('_', ' ')} | `{m.fails}` | {m.seen_in} |")
+    return "\n".join(rows)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -81,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list the exercises, their notebooks and points")
     sub.add_parser("sync", help="write the manifest's points into the reference notebooks")
+    m = sub.add_parser("mistakes", help="list the catalogue of known mistakes and their checks")
+    m.add_argument("--exercise", "-e", action="append", metavar="ID",
+                   help="only this exercise's mistakes (repeat for more)")
     return p
 
 
@@ -119,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return run_check(args)
+        if args.command == "mistakes":
+            print(mistake_table(args.exercise))
+            return 0
         if args.command == "sync":
             from grader.authoring import problems, sync_points
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import dplab
 
-
 NEVER_CALLED = frozenset({"check"})  # the notebook's own check cells: grading runs the checks
 
 

@@ -80,6 +80,9 @@ def write_json(results: list[SubmissionResult], path: Path) -> None:
     os.replace(tmp, path)
 
 
+MAX_NOTES = 8
+
+
 def _points(x: float) -> str:
     return f"{x:g}"
 
@@ -111,6 +114,15 @@ def render_submission(result: SubmissionResult, titles: dict[str, str] | None = 
     """Return a whole submission's verdicts as text."""
     titles = titles or {}
     parts = [f"{result.id}: {_points(result.score)}/{_points(result.max_score)} points"]
-    parts += [f"  note: {note}" for note in result.notes]
     parts += [render_exercise(e, titles.get(e.name, "")) for e in result.exercises]
+    if result.notes:
+        shown = result.notes[:MAX_NOTES]
+        more = len(result.notes) - len(shown)
+        parts.append(
+            "\n".join(
+                ["While loading the notebooks:"]
+                + [f"  - {note}" for note in shown]
+                + ([f"  ... and {more} more"] if more else [])
+            )
+        )
     return "\n\n".join(parts)

@@ -107,7 +107,8 @@ def two_epochs_on_tiny_batches(student, ctx):
 
 @case
 def learns_on_the_sample(student, ctx):
-    """Four epochs on the embedded sample (4,000 images, batches of 32, lr 0.5)."""
+    """Two epochs on the embedded sample (4,000 images, batches of 32, lr 0.2), starting from
+    weights of scale 0.1, which get going faster than the book's 0.01."""
     data = dplab.data.fashion_mnist(source="sample")
     train_iter = dplab.Batches(
         data.train_images, data.train_labels, 32, shuffle=True, seed=ctx.seed
@@ -123,15 +124,15 @@ def learns_on_the_sample(student, ctx):
     log: list = []
     with (
         patched(student.namespace, "get_params", get_params),
-        patched(student.namespace, "params", dplab.lenet_params(seed=ctx.seed)),
+        patched(student.namespace, "params", dplab.lenet_params(scale=0.1, seed=ctx.seed)),
         quiet_plots(student, log),
         contextlib.redirect_stdout(io.StringIO()),
     ):
         student.fn(
             num_gpus=2,
             batch_size=32,
-            lr=0.5,
-            num_epochs=4,
+            lr=0.2,
+            num_epochs=2,
             data=(train_iter, test_iter),
             devices=ctx.devices[:2],
         )
@@ -261,7 +262,7 @@ def returns_the_accuracy_history(seen, ctx):
     "the loop must call train_batch on every minibatch with the replicas from get_params.",
 )
 def accuracy_rises_above_chance(seen, ctx):
-    """After four epochs on the sample, the first replica classifies at least 30% of test
+    """After two epochs on the sample, the first replica classifies at least 30% of test
     images correctly (chance is 10%); the grader measures it itself."""
     params = seen["first_replica"]
     expect(
@@ -273,6 +274,16 @@ def accuracy_rises_above_chance(seen, ctx):
         acc = dplab.accuracy(dplab.lenet(X, [p.value for p in params]), y) / len(y)
     expect(
         acc >= 0.3,
-        f"after four epochs the first replica has test accuracy {acc:.2f}, "
+        f"after two epochs the first replica has test accuracy {acc:.2f}, "
         "expected at least 0.30 (chance is 0.10)",
     )
+
+
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "NVIDIA driver" in raised.message or "Torch not compiled with CUDA" in raised.message:
+        return (
+            "torch.cuda.synchronize() needs a GPU; d2l.synchronize(devices) waits for "
+            "the GPUs when there are some and does nothing otherwise."
+        )
+    return None

@@ -1,5 +1,28 @@
 """The catalogue of known wrong implementations, one module per exercise.
 
-Each entry is the source of a wrong function, the check it must fail and words its hint
-must contain. `tests/test_mistakes.py` grades every entry and holds the checks to it.
+Each `Mistake` is the source of a wrong function, the check it must fail and words its hint
+must contain. Many come from real students' notes. `tests/test_mistakes.py` grades every
+entry and holds the checks to it; `python -m grader mistakes` prints the catalogue.
 """
+
+import importlib
+from dataclasses import dataclass
+
+from grader.manifest import Exercise
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A wrong implementation and how the checks must answer it."""
+
+    source: str  # the whole wrong function, as a student would write it
+    fails: str  # the check that must fail
+    hint_mentions: str  # words the hint of that check must contain
+    seen_in: str = ""  # where the mistake was seen
+    only_without_gpus: bool = False  # it works on two real GPUs, so it is caught only without
+
+
+def mistakes_of(exercise: Exercise) -> dict[str, Mistake]:
+    """Return the exercise's catalogued mistakes by name."""
+    module = importlib.import_module(exercise.mistakes)
+    return {name: m for name, m in vars(module).items() if isinstance(m, Mistake)}

@@ -1,0 +1,38 @@
+"""Known wrong versions of `allreduce`."""
+
+from grader.mistakes import Mistake
+
+rebinds_list_entries = Mistake(
+    source="""
+def allreduce(data):
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(data[0].device)
+    for i in range(1, len(data)):
+        data[i] = data[0].to(data[i].device)
+""",
+    fails="writes_into_the_tensors_it_was_given",
+    hint_mentions="data[i][:] = ...",
+    seen_in="seed notes and a published solution: the demo still prints [[3., 3.]] twice",
+)
+
+adds_only_the_second_tensor = Mistake(
+    source="""
+def allreduce(data):
+    data[0][:] += data[1].to(data[0].device)
+    for i in range(1, len(data)):
+        data[i][:] = data[0].to(data[i].device)
+""",
+    fails="every_tensor_holds_the_sum",
+    hint_mentions="Loop over all of data",
+)
+
+sums_through_float32 = Mistake(
+    source="""
+def allreduce(data):
+    total = sum(t.float().cpu() for t in data)
+    for t in data:
+        t[:] = total.to(t.device)
+""",
+    fails="keeps_dtypes_and_sums_integers_exactly",
+    hint_mentions="Keep each tensor's dtype",
+)

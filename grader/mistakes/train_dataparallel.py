@@ -1,0 +1,72 @@
+"""Known wrong versions of the concise `train`."""
+
+from grader.mistakes import Mistake
+
+BODY = """
+def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
+    train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
+    devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
+    def init_weights(m):
+        if type(m) in [nn.Linear, nn.Conv2d]:
+            nn.init.normal_(m.weight, std=0.01)
+    INIT
+    net = nn.DataParallel(net.to(devices[0]), device_ids=DEVICE_IDS)
+    trainer = torch.optim.SGD(net.parameters(), lr)
+    loss = nn.CrossEntropyLoss()
+    timer, animator = d2l.Timer(), d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
+    TRAIN_ONCE
+    for epoch in range(num_epochs):
+        TRAIN_EACH
+        timer.start()
+        for X, y in train_iter:
+            ZERO
+            X, y = X.to(devices[0]), y.to(devices[0])
+            l = loss(net(X), y)
+            l.backward()
+            trainer.step()
+        timer.stop()
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(net, test_iter),))
+    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
+    return animator.Y[0]
+"""
+RIGHT = {
+    "INIT": "net.apply(init_weights)",
+    "DEVICE_IDS": "devices",
+    "TRAIN_ONCE": "pass",
+    "TRAIN_EACH": "net.train()",
+    "ZERO": "trainer.zero_grad()",
+}
+
+
+def variant(**changes: str) -> str:
+    """Return the book-style concise train with some of its lines changed."""
+    source = BODY
+    for key, value in {**RIGHT, **changes}.items():
+        source = source.replace(key, value)
+    return source
+
+
+no_initialisation = Mistake(
+    source=variant(INIT="pass"),
+    fails="initialises_weights_with_std_0_01",
+    hint_mentions="nn.init.normal_(m.weight, std=0.01)",
+)
+
+train_mode_set_once = Mistake(
+    source=variant(TRAIN_ONCE="net.train()", TRAIN_EACH="pass"),
+    fails="trains_in_train_mode_and_evaluates_in_eval_mode",
+    hint_mentions="call net.train() at the start of every epoch",
+)
+
+gradients_never_zeroed = Mistake(
+    source=variant(ZERO="pass"),
+    fails="training_matches_plain_sgd",
+    hint_mentions="zero the gradients before each backward",
+)
+
+hard_coded_device_ids = Mistake(
+    source=variant(DEVICE_IDS="[0, 1]"),
+    fails="wraps_the_net_in_data_parallel_on_the_given_devices",
+    hint_mentions="device_ids=devices",
+    only_without_gpus=True,
+)

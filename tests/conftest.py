@@ -1,0 +1,72 @@
+"""Fixtures for the lab's own tests."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from dplab.devices import lab_devices
+from grader.api import Context, Student
+from grader.grading import DEVICES, reference
+from grader.judge import judge_exercise
+from grader.loader import load_notebook
+from grader.manifest import REPO, Exercise, load_manifest
+from grader.registry import diagnoser, exercise_checks
+from grader.report import ExerciseResult
+from grader.runner import run_checks
+
+# The tests never download anything and never open a window.
+os.environ["DPLAB_OFFLINE"] = "1"
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+SOLUTIONS = REPO / "solutions" / load_manifest().assignment
+EXERCISES = REPO / "exercises" / load_manifest().assignment
+
+
+@pytest.fixture(scope="session")
+def manifest():
+    return load_manifest()
+
+
+@pytest.fixture(autouse=True)
+def _figures_in_tmp(tmp_path, monkeypatch):
+    """Plots saved by headless Animators land in the test's own folder."""
+    monkeypatch.setenv("DPLAB_FIGURE_DIR", str(tmp_path))
+
+
+def fresh_solution(notebook: str) -> dict:
+    """Load a reference notebook into a new namespace (skipping its training calls)."""
+    return load_notebook(
+        SOLUTIONS / notebook,
+        load_manifest().training_functions,
+        module_name=f"test_{Path(notebook).stem}",
+    ).namespace
+
+
+def grade_in_process(ex: Exercise, namespace: dict, seed: int = 0) -> ExerciseResult:
+    """Run an exercise's public and hidden checks on a namespace, in this process."""
+    checks = exercise_checks(ex, include_hidden=True)
+    ctx = Context(seed, lab_devices(DEVICES), reference(ex.notebook))
+    outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx)
+    return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
+
+
+def python() -> str:
+    """Return the interpreter running the tests (the project's virtual environment)."""
+    return sys.executable
+
+
+def write_notebook(path: Path, *cells: str) -> Path:
+    """Write a notebook whose code cells are `cells` (a cell starting with '#md' is Markdown)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    for source in cells:
+        if source.startswith("#md"):
+            nb.cells.append(nbformat.v4.new_markdown_cell(source[3:].strip()))
+        else:
+            nb.cells.append(nbformat.v4.new_code_cell(source.strip("\n")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path

@@ -1,0 +1,133 @@
+"""`make lab`'s start command serves the exercises in a real JupyterLab."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from grader.manifest import REPO, load_manifest
+
+TOKEN = "test-token-1234"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+class Lab:
+    def __init__(self, work, port):
+        self.work, self.port = work, port
+        self.base = f"http://127.0.0.1:{port}"
+        env = dict(
+            os.environ,
+            LAB_PYTHON=sys.executable,
+            LAB_EXERCISES=str(REPO / "exercises"),
+            LAB_WORK=str(work),
+            LAB_PORT=str(port),
+            JUPYTER_TOKEN=TOKEN,
+            JUPYTER_RUNTIME_DIR=str(work.parent / "runtime"),
+        )
+        self.proc = subprocess.Popen(
+            [str(REPO / "docker" / "start-lab")],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the lab exited early:\n{self.proc.stdout.read()}")
+            try:
+                if get(f"{self.base}/api/status?token={TOKEN}")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.proc.kill()
+        raise AssertionError("JupyterLab did not answer within 90 s")
+
+    def stop(self) -> tuple[int, str]:
+        request = urllib.request.Request(f"{self.base}/api/shutdown?token={TOKEN}", method="POST")
+        urllib.request.urlopen(request, timeout=10)
+        out, _ = self.proc.communicate(timeout=30)
+        return self.proc.returncode, out
+
+
+@pytest.fixture
+def lab(tmp_path):
+    running = Lab(tmp_path / "work", free_port())
+    yield running
+    if running.proc.poll() is None:
+        running.proc.kill()
+        running.proc.wait()
+
+
+@pytest.mark.slow
+def test_lab_answers_with_the_token_and_refuses_without(lab):
+    assert get(f"{lab.base}/api/status?token={TOKEN}")[0] == 200
+    assert get(f"{lab.base}/api/status")[0] == 403
+    assert get(f"{lab.base}/lab?token={TOKEN}")[0] == 200
+
+
+@pytest.mark.slow
+def test_lab_serves_the_exercise_notebooks(lab):
+    assignment = load_manifest().assignment
+    status, body = get(f"{lab.base}/api/contents/{assignment}?token={TOKEN}")
+    assert status == 200
+    names = sorted(item["name"] for item in json.loads(body)["content"])
+    assert names == sorted(load_manifest().notebooks)
+    status, body = get(f"{lab.base}/api/contents/{assignment}/from_scratch.ipynb?token={TOKEN}")
+    cells = json.loads(body)["content"]["cells"]
+    assert any("raise NotImplementedError" in c["source"] for c in cells)
+
+
+@pytest.mark.slow
+def test_lab_prints_the_url_and_shuts_down_cleanly(lab):
+    code, out = lab.stop()
+    assert code == 0
+    assert f"open http://127.0.0.1:{lab.port}/lab?token={TOKEN}" in out
+    assert f"your work is saved in {lab.work}" in out
+
+
+@pytest.mark.slow
+def test_a_restart_keeps_the_students_work(tmp_path):
+    work = tmp_path / "work"
+    first = Lab(work, free_port())
+    first.stop()
+    notebook = work / load_manifest().assignment / "from_scratch.ipynb"
+    notebook.write_text(notebook.read_text().replace("YOUR CODE HERE", "MY OWN CODE"))
+    second = Lab(work, free_port())
+    try:
+        assert "MY OWN CODE" in notebook.read_text()
+    finally:
+        second.stop()
+
+
+def test_start_command_refuses_a_missing_exercises_folder(tmp_path):
+    proc = subprocess.run(
+        [str(REPO / "docker" / "start-lab")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, LAB_EXERCISES=str(tmp_path / "none")),
+    )
+    assert proc.returncode == 2
+    assert "no exercises at" in proc.stderr

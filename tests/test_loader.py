@@ -1,0 +1,110 @@
+"""Loading a notebook as students really write them, without running their training."""
+
+import json
+import time
+
+import pytest
+
+import dplab
+from grader.loader import NotebookError, load_notebook
+from tests.conftest import write_notebook
+
+TRAINING = frozenset({"train"})
+
+# Shaped like the seed notes: the book's import, demos that print, a final training call.
+SEED_LIKE = [
+    "%matplotlib inline\nimport torch\nfrom torch import nn\nfrom torch.nn import functional as F\n"
+    "from d2l import torch as d2l",
+    "calls = []\nscale = 0.01\nparams = d2l.lenet_params(scale)\nloss = nn.CrossEntropyLoss(reduction='none')",
+    "def allreduce(data):\n    for i in range(1, len(data)):\n        data[0][:] += data[i].to(data[0].device)\n"
+    "    for i in range(1, len(data)):\n        data[i][:] = data[0].to(data[i].device)",
+    "data = [torch.ones((1, 2), device=d2l.try_gpu(i)) * (i + 1) for i in range(2)]\n"
+    "print('before', data)\nallreduce(data)\nprint('after', data)",
+    "split = nn.parallel.scatter(torch.arange(20).reshape(4, 5), [torch.device('cuda:0'), torch.device('cuda:1')])",
+    "def broken(:\n    pass",
+    "def train(num_gpus, batch_size, lr):\n    calls.append((num_gpus, batch_size, lr))\n    time.sleep(60)",
+    "import time\ntrain(num_gpus=2, batch_size=256, lr=0.2)",
+    "if __name__ == '__main__':\n    train(2, 256, 0.2)",
+    "!pip install d2l==0.17.6",
+]
+
+
+@pytest.fixture
+def seed_like(tmp_path):
+    return load_notebook(write_notebook(tmp_path / "notes.ipynb", *SEED_LIKE), TRAINING)
+
+
+def test_book_import_gives_the_lab_helpers(seed_like):
+    assert seed_like.namespace["d2l"] is dplab
+
+
+def test_top_level_training_calls_are_not_run(tmp_path):
+    started = time.perf_counter()
+    loaded = load_notebook(write_notebook(tmp_path / "notes.ipynb", *SEED_LIKE), TRAINING)
+    assert time.perf_counter() - started < 30
+    assert loaded.namespace["calls"] == []
+    skipped = [n for n in loaded.notes if "did not run this call of train(...)" in n]
+    assert len(skipped) == 2  # the plain call and the one under `if __name__ == '__main__'`
+
+
+def test_definitions_and_demos_load(seed_like):
+    data = seed_like.namespace["data"]
+    assert [t.tolist() for t in data] == [[[3.0, 3.0]], [[3.0, 3.0]]]
+    assert callable(seed_like.namespace["allreduce"])
+
+
+def test_a_failing_statement_is_noted_and_loading_goes_on(seed_like):
+    assert any("code cell 5" in n and "raised" in n for n in seed_like.notes)
+    assert callable(seed_like.namespace["train"])  # defined in a later cell
+
+
+def test_a_syntax_error_costs_only_its_own_cell(seed_like):
+    assert any("code cell 6: syntax error on line 1" in n for n in seed_like.notes)
+    assert "broken" not in seed_like.namespace
+    assert "train" in seed_like.namespace
+
+
+def test_shell_lines_and_magics_are_dropped(seed_like):
+    assert not any("pip" in n for n in seed_like.notes)
+
+
+def test_check_cells_are_not_run(tmp_path):
+    loaded = load_notebook(
+        write_notebook(
+            tmp_path / "n.ipynb",
+            "def check(*a):\n    raise SystemExit(3)",
+            "check('allreduce', print)",
+        )
+    )
+    assert loaded.notes == []
+
+
+def test_sys_exit_at_top_level_is_survived(tmp_path):
+    loaded = load_notebook(write_notebook(tmp_path / "n.ipynb", "import sys\nsys.exit(0)", "x = 1"))
+    assert loaded.namespace["x"] == 1
+    assert any("SystemExit" in n for n in loaded.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"cells": 3}', "is JSON but not a notebook"),
+    ],
+)
+def test_unreadable_notebooks_are_explained(tmp_path, text, says):
+    path = tmp_path / "bad.ipynb"
+    path.write_text(text)
+    with pytest.raises(NotebookError, match=says):
+        load_notebook(path)
+
+
+def test_a_missing_notebook_is_explained(tmp_path):
+    with pytest.raises(NotebookError, match="does not exist"):
+        load_notebook(tmp_path / "nothing.ipynb")
+
+
+def test_code_cells_only(tmp_path):
+    path = write_notebook(tmp_path / "n.ipynb", "#md # Title\n\nsome `code`", "y = 2")
+    assert json.loads(path.read_text())["cells"][0]["cell_type"] == "markdown"
+    assert load_notebook(path).namespace["y"] == 2

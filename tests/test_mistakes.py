@@ -1,0 +1,52 @@
+"""The catalogue of known mistakes: each is caught by the right check, with the right hint."""
+
+import pytest
+
+from dplab.devices import num_gpus
+from grader.manifest import load_manifest
+from grader.mistakes import mistakes_of
+from tests.conftest import fresh_solution, grade_in_process
+
+CATALOGUE = [
+    pytest.param(ex, name, mistake, id=f"{ex.id}::{name}", marks=getattr(pytest.mark, ex.id))
+    for ex in load_manifest().exercises
+    for name, mistake in mistakes_of(ex).items()
+]
+
+
+def test_every_exercise_has_catalogued_mistakes():
+    for ex in load_manifest().exercises:
+        assert mistakes_of(ex), f"{ex.id} has no catalogued mistakes"
+
+
+def test_the_seed_mistakes_are_catalogued():
+    """The mistakes recorded in the students' notes are all in the catalogue."""
+    sources = {
+        (ex.id, name): m.source
+        for ex in load_manifest().exercises
+        for name, m in mistakes_of(ex).items()
+    }
+    assert "data[i] = data[0].to" in sources[("allreduce", "rebinds_list_entries")]
+    assert "require_grad_()" in sources[("get_params", "misspelt_requires_grad")]
+    assert ".backward()" not in sources[("train_batch", "forgets_backward")]
+    assert "allreduce" not in sources[("train_batch", "forgets_allreduce")]
+    assert "X_shard.shape[0]" in sources[("train_batch", "divides_by_the_shard_size")]
+    assert "for X, y in train_iter:\n        for epoch" in sources[("train_loop", "swapped_loops")]
+
+
+@pytest.mark.parametrize(("exercise", "name", "mistake"), CATALOGUE)
+def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
+    if mistake.only_without_gpus and num_gpus() >= 2:
+        pytest.skip("this mistake works on two real GPUs")
+    namespace = fresh_solution(exercise.notebook)
+    exec(compile(mistake.source, f"<mistake {name}>", "exec"), namespace)
+    result = grade_in_process(exercise, namespace)
+    verdicts = {c.name: c for c in result.checks}
+    assert mistake.fails in verdicts, f"{mistake.fails} is not a check of {exercise.id}"
+    verdict = verdicts[mistake.fails]
+    assert not verdict.passed, f"{name} passed {mistake.fails}"
+    assert mistake.hint_mentions in verdict.hint, (
+        f"{name} failed {mistake.fails} with the hint {verdict.hint!r}, "
+        f"expected it to mention {mistake.hint_mentions!r}"
+    )
+    assert result.score < result.max_score

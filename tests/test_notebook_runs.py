@@ -1,0 +1,135 @@
+"""Both notebooks run end to end in a real Jupyter kernel, on the CPU and the embedded sample."""
+
+import os
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from grader.manifest import load_manifest
+from tests.conftest import EXERCISES, SOLUTIONS
+
+MANIFEST = load_manifest()
+
+
+def execute(path, tmp_path, allow_errors=False):
+    """Run a copy of the notebook in a fresh kernel; return it with its outputs."""
+    nb = nbformat.read(path, as_version=4)
+    env = {"DPLAB_DATA_SOURCE": "sample", "DPLAB_OFFLINE": "1", "DPLAB_FIGURE_DIR": str(tmp_path)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        NotebookClient(
+            nb,
+            timeout=600,
+            kernel_name="python3",
+            allow_errors=allow_errors,
+            resources={"metadata": {"path": str(tmp_path)}},
+        ).execute()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return nb
+
+
+def text_of(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out["output_type"] == "stream":
+            parts.append(out["text"])
+        elif "data" in out and "text/plain" in out["data"]:
+            parts.append(out["data"]["text/plain"])
+    return "".join(parts)
+
+
+def check_cells(nb) -> dict[str, dict]:
+    return {
+        c.metadata.nbgrader.grade_id.removesuffix("-checks"): c
+        for c in nb.cells
+        if c.metadata.get("nbgrader", {}).get("grade")
+    }
+
+
+def score_of(cell) -> float | None:
+    for out in cell.outputs:
+        if out["output_type"] == "execute_result":
+            return float(out["data"]["text/plain"])
+    return None
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    started = time.perf_counter()
+    nb = execute(SOLUTIONS / "from_scratch.ipynb", tmp_path_factory.mktemp("scratch"))
+    return nb, time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def concise(tmp_path_factory):
+    started = time.perf_counter()
+    nb = execute(SOLUTIONS / "concise.ipynb", tmp_path_factory.mktemp("concise"))
+    return nb, time.perf_counter() - started
+
+
+@pytest.mark.slow
+def test_from_scratch_runs_within_minutes_and_shows_the_books_demos(scratch):
+    nb, seconds = scratch
+    assert seconds < 300
+    outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
+    assert "after allreduce:\n tensor([[3., 3.]]) \n tensor([[3., 3.]])" in outputs
+    assert "b1 grad: None" in outputs
+    assert (
+        "tensor([0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.]"
+        in outputs
+    )
+    assert (
+        "output: (tensor([[0, 1, 2, 3, 4],\n        [5, 6, 7, 8, 9]]), tensor([[10, 11, 12, 13, 14],\n        [15, 16, 17, 18, 19]]))"
+        in outputs
+    )
+    assert (
+        "test acc: " in outputs
+        and "sec/epoch on [device(type='cpu'), device(type='cpu')]" in outputs
+    )
+
+
+@pytest.mark.slow
+def test_from_scratch_plots_the_training_curve(scratch):
+    nb, _ = scratch
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert any("image/png" in out.get("data", {}) for out in last.outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["scratch", "concise"])
+def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
+    nb, _ = request.getfixturevalue(which)
+    for exercise_id, cell in check_cells(nb).items():
+        assert score_of(cell) == MANIFEST.exercise(exercise_id).points, text_of(cell)
+        assert not any(
+            o["output_type"] == "stream" and o["name"] == "stderr" for o in cell.outputs
+        ), text_of(cell)
+
+
+@pytest.mark.slow
+def test_concise_runs_within_minutes(concise):
+    nb, seconds = concise
+    assert seconds < 300
+    outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
+    assert "11,175,818 parameters" in outputs
+    assert "test acc: " in outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", MANIFEST.notebooks)
+def test_released_stubs_score_zero_in_their_own_check_cells(notebook, tmp_path):
+    nb = execute(EXERCISES / notebook, tmp_path, allow_errors=True)
+    cells = check_cells(nb)
+    assert set(cells) == {ex.id for ex in MANIFEST.in_notebook(notebook)}
+    for cell in cells.values():
+        assert score_of(cell) == 0.0, text_of(cell)
+        assert "not written yet" in text_of(cell)
+        assert not any(o["output_type"] == "error" for o in cell.outputs)
