@@ -19,7 +19,7 @@ $(READY): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e . --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(READY)
 
 lab: $(READY)

@@ -166,6 +166,14 @@ def _announce(message: str) -> None:
         print(message)
 
 
+def embedded_sample() -> FashionMNIST:
+    """Return the sample shipped with the lab (4,000 training and 1,000 test images)."""
+    found = files_in(SAMPLE_DIR)
+    if found is None:
+        raise DataNotFound(f"the embedded sample is missing from {SAMPLE_DIR}; reinstall dplab")
+    return _decode(tuple(sorted(found.items())), "the lab's embedded sample", True)
+
+
 def fashion_mnist(path: str | Path | None = None, source: str | None = None) -> FashionMNIST:
     """Return the decoded set. `source` is "auto" (full set if found, else the sample),
     "full" (the full set or an error listing what was tried) or "sample"; by default it is
@@ -189,10 +197,7 @@ def fashion_mnist(path: str | Path | None = None, source: str | None = None) -> 
                 + "\n  - ".join(tried)
                 + "\nGive a folder with path=..., or install the dataset-fashion-mnist package."
             )
-    found = files_in(SAMPLE_DIR)
-    if found is None:
-        raise DataNotFound(f"the embedded sample is missing from {SAMPLE_DIR}; reinstall dplab")
-    data = _decode(tuple(sorted(found.items())), "the lab's embedded sample", True)
+    data = embedded_sample()
     why = "as asked" if source == "sample" else "because no full copy was found"
     _announce(
         f"Fashion-MNIST: using the lab's embedded sample ({len(data.train_images):,} training and "

@@ -95,8 +95,13 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list the exercises, their notebooks and points")
     sub.add_parser("sync", help="write the manifest's points into the reference notebooks")
     m = sub.add_parser("mistakes", help="list the catalogue of known mistakes and their checks")
-    m.add_argument("--exercise", "-e", action="append", metavar="ID",
-                   help="only this exercise's mistakes (repeat for more)")
+    m.add_argument(
+        "--exercise",
+        "-e",
+        action="append",
+        metavar="ID",
+        help="only this exercise's mistakes (repeat for more)",
+    )
     return p
 
 

@@ -6,13 +6,12 @@ note what the student's code did.
 
 import contextlib
 from collections.abc import Iterator
-from functools import cache
 
 import torch
 from torch import Tensor, nn
 
 import dplab
-from dplab.data import fashion_mnist
+from dplab.data import embedded_sample
 
 # LeNet's loss in the book: per-example cross-entropy, summed by the caller.
 lenet_loss = nn.CrossEntropyLoss(reduction="none")
@@ -23,18 +22,13 @@ def cycle(devices: list[torch.device], k: int) -> list[torch.device]:
     return [devices[i % len(devices)] for i in range(k)]
 
 
-@cache
-def _sample() -> dplab.data.FashionMNIST:
-    return fashion_mnist(source="sample")
-
-
 def sample_images(n: int, start: int = 0, split: str = "train") -> tuple[Tensor, Tensor]:
     """Return `n` images (float, N x 1 x 28 x 28) and labels from the embedded sample.
 
     The checks always use the sample, so that a verdict never depends on which copy of
     Fashion-MNIST a machine has.
     """
-    data = _sample()
+    data = embedded_sample()
     images = data.train_images if split == "train" else data.test_images
     labels = data.train_labels if split == "train" else data.test_labels
     X = images[start : start + n].unsqueeze(1).float().div(255)

@@ -109,4 +109,7 @@ def test_list_prints_the_manifest_table():
 def test_mistakes_lists_the_catalogue():
     proc = grade("mistakes", "-e", "allreduce")
     assert proc.returncode == 0
-    assert "| `allreduce` | rebinds list entries | `writes_into_the_tensors_it_was_given` |" in proc.stdout
+    assert (
+        "| `allreduce` | rebinds list entries | `writes_into_the_tensors_it_was_given` |"
+        in proc.stdout
+    )

@@ -109,7 +109,7 @@ def two_epochs_on_tiny_batches(student, ctx):
 def learns_on_the_sample(student, ctx):
     """Two epochs on the embedded sample (4,000 images, batches of 32, lr 0.2), starting from
     weights of scale 0.1, which get going faster than the book's 0.01."""
-    data = dplab.data.fashion_mnist(source="sample")
+    data = dplab.data.embedded_sample()
     train_iter = dplab.Batches(
         data.train_images, data.train_labels, 32, shuffle=True, seed=ctx.seed
     )

@@ -1,0 +1,47 @@
+"""`check(...)` in a notebook cell: verdicts printed, points returned, nothing on stderr."""
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from grader.manifest import load_manifest
+from grader.mistakes import mistakes_of
+from grader.notebook import check
+from tests.conftest import fresh_solution
+
+
+def run_check(*args, **kwargs):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        points = check(*args, **kwargs)
+    return points, out.getvalue(), err.getvalue()
+
+
+def test_a_wrong_function_earns_partial_points_and_a_hint():
+    ns = fresh_solution("from_scratch.ipynb")
+    exec(mistakes_of(load_manifest().exercise("allreduce"))["rebinds_list_entries"].source, ns)
+    points, out, err = run_check("allreduce", ns["allreduce"])
+    assert points == 6.0
+    assert "✗ writes_into_the_tensors_it_was_given    0/2" in out
+    assert "hint: `data[i] = ...` only makes the list point at a new tensor" in out
+    assert err == ""  # nbgrader gives no points to a cell that writes to stderr
+
+
+def test_hidden_checks_add_to_the_public_ones():
+    ns = fresh_solution("from_scratch.ipynb")
+    public, _, _ = run_check("split_batch", ns["split_batch"])
+    total, out, _ = run_check("split_batch", ns["split_batch"], hidden=True)
+    assert (public, total) == (6.0, 8.0)
+    assert re.search(r"✓ matches_the_reference_on_random_batches +2/2 \(hidden\)", out)
+
+
+def test_outside_a_notebook_the_function_must_be_given():
+    with pytest.raises(TypeError, match=r"pass the function: check\('allreduce', allreduce\)"):
+        check("allreduce")
+
+
+def test_an_unknown_exercise_is_named():
+    with pytest.raises(KeyError, match="no exercise called 'allreduse'"):
+        check("allreduse", print)
