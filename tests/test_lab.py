@@ -31,7 +31,9 @@ def get(url: str) -> tuple[int, bytes]:
 
 
 class Lab:
-    def __init__(self, work, port):
+    """JupyterLab started by the lab's start command (or by `make lab`), on a free port."""
+
+    def __init__(self, work, port, command=None):
         self.work, self.port = work, port
         self.base = f"http://127.0.0.1:{port}"
         env = dict(
@@ -44,7 +46,7 @@ class Lab:
             JUPYTER_RUNTIME_DIR=str(work.parent / "runtime"),
         )
         self.proc = subprocess.Popen(
-            [str(REPO / "docker" / "start-lab")],
+            command or [str(REPO / "docker" / "start-lab")],
             env=env,
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -119,6 +121,20 @@ def test_a_restart_keeps_the_students_work(tmp_path):
         assert "MY OWN CODE" in notebook.read_text()
     finally:
         second.stop()
+
+
+@pytest.mark.slow
+def test_make_lab_serves_the_exercises(tmp_path):
+    port = free_port()
+    lab = Lab(tmp_path / "work", port, ["make", "-s", "lab", f"PORT={port}"])
+    try:
+        status, body = get(f"{lab.base}/api/contents/{load_manifest().assignment}?token={TOKEN}")
+        assert status == 200
+        assert len(json.loads(body)["content"]) == len(load_manifest().notebooks)
+    finally:
+        code, out = lab.stop()
+    assert code == 0, out
+    assert f"open http://127.0.0.1:{port}/lab?token={TOKEN}" in out
 
 
 def test_start_command_refuses_a_missing_exercises_folder(tmp_path):

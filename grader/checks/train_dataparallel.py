@@ -48,6 +48,13 @@ def as_device_name(d) -> str:
     return f"cuda:{d}" if isinstance(d, int) else str(torch.device(d))
 
 
+def wrap_devices(ctx) -> list[torch.device]:
+    """Return the devices to train on: two, but each GPU once, since nn.DataParallel needs
+    distinct GPUs (stand-ins that share one GPU count as that GPU)."""
+    devices = ctx.devices[:2]
+    return list(dict.fromkeys(devices)) if any(d.type == "cuda" for d in devices) else devices
+
+
 def run_training(student, ctx, lr: float, num_epochs: int, batch_norm: bool = True) -> dict:
     """Train a tiny network with the student's train(...) and record what happened."""
     net = tiny_net(ctx.seed, batch_norm)
@@ -87,12 +94,12 @@ def run_training(student, ctx, lr: float, num_epochs: int, batch_norm: bool = Tr
         stack.enter_context(contextlib.redirect_stdout(printed))
         student.fn(
             net,
-            num_gpus=len(ctx.devices[:2]),
+            num_gpus=len(wrap_devices(ctx)),
             batch_size=16,
             lr=lr,
             num_epochs=num_epochs,
             data=data,
-            devices=ctx.devices[:2],
+            devices=wrap_devices(ctx),
         )
     return {"wraps": wraps, "log": log, "final": state(net), "printed": printed.getvalue()}
 
@@ -141,7 +148,7 @@ def learning_rate_zero(student, ctx):
 def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
     """The network is wrapped once in nn.DataParallel, with exactly the devices given."""
     wrap = the_wrap(seen)
-    wanted = [str(d) for d in ctx.devices[:2]]
+    wanted = [str(d) for d in wrap_devices(ctx)]
     expect(
         wrap["device_ids"] == wanted,
         f"nn.DataParallel got device_ids={wrap['device_ids']}, expected {wanted}",
