@@ -20,8 +20,9 @@ code never reaches. Points, hidden status and the hint are data on the check.
 """
 
 import contextlib
+import dataclasses
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,11 +113,30 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Case:
-    """A call of the student's code; `run(student, ctx)` returns what it observed."""
+    """A call of the student's code; `run(student, ctx, **params)` returns what it observed.
+
+    Case functions live in the public checks modules, the only ones the grading child
+    imports. A hidden check runs a public case function under a name of its own and with
+    its own parameters (`using`), so its inputs and its judgement stay with the grader.
+    """
 
     name: str
-    run: Callable[[Student, Context], Any]
+    run: Callable[..., Any]
     doc: str
+    origin: tuple[str, str]  # the module and name of the case function
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def using(self, name: str, doc: str = "", **params: Any) -> "Case":
+        """Return this case function under another name, with parameters.
+
+        A parameter may be a function of the context (ctx -> value): the grader computes
+        it, from the case's seed, and sends the child only the value.
+        """
+        return dataclasses.replace(self, name=name, doc=doc or self.doc, params=params)
+
+    def arguments(self, ctx: Context) -> dict[str, Any]:
+        """Return the parameters, with those that depend on the seed computed for `ctx`."""
+        return {k: v(ctx) if callable(v) else v for k, v in self.params.items()}
 
 
 @dataclass(frozen=True)
@@ -133,9 +153,9 @@ class Check:
     hidden: bool = False
 
 
-def case(run: Callable[[Student, Context], Any]) -> Case:
-    """Declare a case: a function of (student, ctx) that calls the student's code."""
-    return Case(run.__name__, run, (run.__doc__ or "").strip())
+def case(run: Callable[..., Any]) -> Case:
+    """Declare a case: a function of (student, ctx, **params) that calls the student's code."""
+    return Case(run.__name__, run, (run.__doc__ or "").strip(), (run.__module__, run.__name__))
 
 
 def check(

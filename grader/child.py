@@ -1,55 +1,153 @@
-"""The grading child: load a submission's notebooks and run the cases of each exercise.
+"""The grading child: load a submission's notebooks and run the cases the grader asks for.
 
-Run as `python -m grader.child REQUEST.json` in a scratch folder. It writes one
-`<exercise>.pt` file of outcomes as each exercise finishes, so that whatever happens to
-it later (a crash, a time limit), the exercises already run keep their results. It never
-judges anything: the grader's own process does that from these files.
+Run as `python -m grader.child REQUEST` inside the fence (see grader.fence). It reads the
+request (then deletes it), arms the audit hook, and only then touches the student's code.
+It reports on a pipe, one frame at a time, so that the grader knows what was running if the
+child dies: `loading`, `loaded`, `case-start`, `case`, `exercise-done`. It never judges:
+the grader's own process does that from these frames.
 """
 
-import json
+import builtins
+import os
+import struct
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
-from grader.api import Context, Student
+from grader.api import Case, Context, Student
+from grader.fence import install_audit_hook
 from grader.loader import NotebookError, load_notebook
 from grader.manifest import load_manifest
-from grader.registry import exercise_checks
-from grader.runner import run_checks
+from grader.runner import run_case
+
+PUBLIC = ("grader.checks.", "grader.fixtures")
+
+
+class Channel:
+    """The pipe to the grader: length-prefixed frames made by torch.save."""
+
+    def __init__(self, fd: int, nonce: str) -> None:
+        self.fd, self.nonce, self.seq = fd, nonce, 0
+
+    def send(self, kind: str, **fields) -> None:
+        import io
+
+        buffer = io.BytesIO()
+        torch.save({"nonce": self.nonce, "seq": self.seq, "kind": kind, **fields}, buffer)
+        data = buffer.getvalue()
+        payload = struct.pack(">Q", len(data)) + data
+        while payload:
+            payload = payload[os.write(self.fd, payload) :]
+        self.seq += 1
+
+
+def resolve_case(origin: list[str]) -> Case:
+    """Return the public case function named by the grader, refusing anything else."""
+    module_name, attribute = origin
+    if not module_name.startswith(PUBLIC):
+        raise ValueError(f"{module_name} is not a public checks module")
+    module = __import__(module_name, fromlist=[attribute])
+    found = getattr(module, attribute)
+    if not isinstance(found, Case):
+        raise ValueError(f"{module_name}.{attribute} is not a case")
+    return found
+
+
+# The torch functions the cases themselves call. Not all of torch: torch rebinds some of its
+# own names when it imports parts lazily (torch._dynamo wraps torch.manual_seed, say).
+TORCH_FUNCTIONS = (
+    "allclose",
+    "arange",
+    "cat",
+    "chunk",
+    "device",
+    "equal",
+    "no_grad",
+    "ones",
+    "randint",
+    "randn",
+    "save",
+    "stack",
+    "zeros",
+)
+
+
+def watched_objects() -> dict[str, object]:
+    """Return what the cases rely on: the grader's modules, tensors, modules and builtins."""
+    watched: dict[str, object] = {
+        "builtins": builtins,
+        "torch.Tensor": torch.Tensor,
+        "torch.nn.Module": torch.nn.Module,
+    }
+    for name, module in list(sys.modules.items()):
+        if (name == "grader" or name.startswith("grader.")) and isinstance(module, ModuleType):
+            watched[name] = module
+    return watched
+
+
+def fingerprint(watched: dict[str, object]) -> dict[str, int]:
+    """Return the identity of every attribute (and function body) of the watched objects."""
+    marks = {f"torch.{name}": id(getattr(torch, name)) for name in TORCH_FUNCTIONS}
+    for name, obj in watched.items():
+        for attribute, value in list(vars(obj).items()):
+            marks[f"{name}.{attribute}"] = id(value)
+            code = getattr(value, "__code__", None)
+            if code is not None:
+                marks[f"{name}.{attribute}.__code__"] = id(code)
+    return marks
+
+
+def changed_since(before: dict[str, int], watched: dict[str, object]) -> list[str]:
+    """Return the watched names that now point elsewhere (or are gone)."""
+    now = fingerprint(watched)
+    return sorted({k.removesuffix(".__code__") for k, v in before.items() if now.get(k) != v})
 
 
 def main(request_path: str) -> None:
-    request = json.loads(Path(request_path).read_text())
-    out = Path(request["out"])
+    request = torch.load(request_path, weights_only=True)
+    os.remove(request_path)
+    torch.set_num_threads(max(1, int(request["threads"])))
+    channel = Channel(int(request["fd"]), str(request["nonce"]))
     manifest = load_manifest()
     from dplab.devices import lab_devices
 
     ctx = Context(seed=int(request["seed"]), devices=lab_devices(int(request["devices"])))
-    loaded: dict[str, object] = {}
-    notes: dict[str, list[str]] = {}
-    for name, path in request["notebooks"].items():
-        try:
-            result = load_notebook(
-                Path(path), manifest.training_functions, module_name=f"submission_{Path(name).stem}"
-            )
-            loaded[name] = result.namespace
-            notes[name] = result.notes
-        except NotebookError as error:
-            loaded[name] = error
-            notes[name] = [str(error)]
-    (out / "notes.json").write_text(json.dumps(notes))
-    for exercise_id in request["exercises"]:
+    plans = {
+        ex: [(name, resolve_case(origin), args) for name, origin, args in cases]
+        for ex, cases in request["exercises"]
+    }
+    watched = watched_objects()
+    before = fingerprint(watched)
+    install_audit_hook(Path(request["scratch"]), [Path(p) for p in request["private"]])
+    limit = float(request["check_seconds"]) or None
+    loaded: dict[str, dict | NotebookError] = {}
+    for exercise_id, plan in plans.items():
         ex = manifest.exercise(exercise_id)
-        namespace = loaded.get(ex.notebook)
-        if isinstance(namespace, NotebookError) or namespace is None:
+        if ex.notebook not in loaded:
+            channel.send("loading", notebook=ex.notebook)
+            try:
+                result = load_notebook(
+                    Path(request["notebooks"][ex.notebook]),
+                    manifest.training_functions,
+                    module_name=f"submission_{Path(ex.notebook).stem}",
+                    statement_seconds=limit,
+                )
+                loaded[ex.notebook] = result.namespace
+                channel.send("loaded", notebook=ex.notebook, notes=result.notes)
+            except NotebookError as error:
+                loaded[ex.notebook] = error
+                channel.send("loaded", notebook=ex.notebook, notes=[str(error)], failed=True)
+        namespace = loaded[ex.notebook]
+        if isinstance(namespace, NotebookError):
             continue
-        checks = exercise_checks(ex, include_hidden=bool(request["hidden"]))
         student = Student(namespace, ex.function, ex.notebook)
-        outcomes = run_checks(checks, student, ctx)
-        tmp = out / f".{exercise_id}.pt"
-        torch.save(outcomes, tmp)
-        tmp.replace(out / f"{exercise_id}.pt")
+        for name, found, args in plan:
+            channel.send("case-start", exercise=exercise_id, case=name)
+            outcome = run_case(found.using(name), student, ctx, args, limit)
+            channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
+        channel.send("exercise-done", exercise=exercise_id, changed=changed_since(before, watched))
 
 
 if __name__ == "__main__":

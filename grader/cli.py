@@ -1,13 +1,16 @@
-"""The command line: `python -m grader {check,grade,list}`."""
+"""The command line: `python -m grader {check,grade,list,mistakes,sync}`."""
 
 import argparse
 import sys
 from pathlib import Path
 
-from grader.grading import DEFAULT_TIMEOUT, grade_path
+from grader.batch import Outputs, expand, grade_class
+from grader.exports import summary_table
+from grader.fence import choose_fence
+from grader.grading import Limits, grade_path
 from grader.manifest import load_manifest
 from grader.registry import HiddenChecksUnavailable
-from grader.report import SubmissionResult, render_submission, write_json
+from grader.report import render_submission
 
 
 def exercise_table() -> str:
@@ -34,6 +37,36 @@ def mistake_table(exercises: list[str] | None = None) -> str:
     return "\n".join(rows)
 
 
+def add_limits(p: argparse.ArgumentParser) -> None:
+    """The limits every grading child runs under."""
+    d = Limits()
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.exercise_seconds,
+        metavar="S",
+        help="wall-time limit of one exercise, in seconds (default: %(default)g)",
+    )
+    p.add_argument(
+        "--check-timeout",
+        type=float,
+        default=d.check_seconds,
+        metavar="S",
+        help="wall-time limit of one check, in seconds; 0 for none (default: %(default)g)",
+    )
+    p.add_argument(
+        "--memory",
+        type=float,
+        default=d.memory_gib,
+        metavar="GIB",
+        help="memory limit of a grading process, in GiB; 0 for none (default: %(default)g)",
+    )
+
+
+def limits_of(args: argparse.Namespace) -> Limits:
+    return Limits(args.check_timeout, args.timeout, args.memory)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -47,25 +80,49 @@ def parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="check only this exercise (repeat for more; default: all in PATH)",
     )
-    c.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        help="seconds before the checks are stopped (default: %(default)s)",
-    )
+    add_limits(c)
 
     g = sub.add_parser("grade", help="grade submissions with public and hidden checks")
     g.add_argument(
         "submissions",
         nargs="+",
         metavar="SUBMISSION",
-        help="a notebook, or a folder of exercise notebooks, per submission",
+        help="a notebook, a folder of exercise notebooks, or a folder of students' "
+        "folders such as nbgrader's submitted/",
+    )
+    g.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        metavar="N",
+        help="submissions graded side by side (default: %(default)s)",
     )
     g.add_argument(
         "--json",
         type=Path,
         metavar="FILE",
-        help="write the full report here (rewritten after each submission)",
+        help="write the full report here; submissions already in it with the same "
+        "notebooks and options are not graded again",
+    )
+    g.add_argument(
+        "--csv",
+        type=Path,
+        metavar="FILE",
+        help="write a gradebook here: a row per student, a column per exercise",
+    )
+    g.add_argument(
+        "--gradescope",
+        type=Path,
+        metavar="DIR",
+        help="write Gradescope's results.json for each submission into DIR/<id>/",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the random inputs, mixed with each submission's id; keep it "
+        "to yourself (default: %(default)s)",
     )
     g.add_argument(
         "--exercise",
@@ -80,20 +137,13 @@ def parser() -> argparse.ArgumentParser:
         help="skip the hidden checks (for a copy of the lab without them)",
     )
     g.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the random inputs, mixed with each submission's id (default: %(default)s)",
+        "--regrade",
+        action="store_true",
+        help="grade every submission again, even those already in the JSON report",
     )
-    g.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        help="seconds allowed per submission (default: %(default)s)",
-    )
+    add_limits(g)
 
     sub.add_parser("list", help="list the exercises, their notebooks and points")
-    sub.add_parser("sync", help="write the manifest's points into the reference notebooks")
     m = sub.add_parser("mistakes", help="list the catalogue of known mistakes and their checks")
     m.add_argument(
         "--exercise",
@@ -102,33 +152,50 @@ def parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="only this exercise's mistakes (repeat for more)",
     )
+    sub.add_parser("sync", help="write the manifest's points into the reference notebooks")
     return p
 
 
 def run_check(args: argparse.Namespace) -> int:
-    result = grade_path(args.path, args.exercise, hidden=False, timeout=args.timeout)
+    result = grade_path(args.path, args.exercise, hidden=False, limits=limits_of(args))
     print(render_submission(result, {ex.id: ex.title for ex in load_manifest().exercises}))
     everything = all(c.passed for e in result.exercises for c in e.checks)
     return 0 if everything else 1
 
 
 def run_grade(args: argparse.Namespace) -> int:
-    results: list[SubmissionResult] = []
-    ids: set[str] = set()
-    for path in args.submissions:
-        result = grade_path(
-            path, args.exercise, hidden=not args.public_only, seed=args.seed, timeout=args.timeout
-        )
-        base, n = result.id, 2
-        while result.id in ids:
-            result.id, n = f"{base}-{n}", n + 1
-        ids.add(result.id)
-        results.append(result)
-        print(f"{result.id}: {result.score:g}/{result.max_score:g}", flush=True)
-        if args.json:
-            write_json(results, args.json)
-    if args.json:
-        print(f"report written to {args.json}")
+    manifest = load_manifest()
+    if args.exercise:
+        for e in args.exercise:
+            manifest.exercise(e)
+    subs = expand(args.submissions, manifest)
+    print(
+        f"grading {len(subs)} submission(s), {args.jobs} at a time; "
+        f"sandbox: {choose_fence().description}",
+        flush=True,
+    )
+    outputs = Outputs(args.json, args.csv, args.gradescope)
+    results = grade_class(
+        subs,
+        outputs,
+        jobs=args.jobs,
+        seed=args.seed,
+        hidden=not args.public_only,
+        limits=limits_of(args),
+        regrade=args.regrade,
+        exercises=args.exercise,
+    )
+    for r in results:
+        print(f"{r.id}: {r.score:g}/{r.max_score:g}")
+    print()
+    print(summary_table(results, manifest))
+    for what, where in (
+        ("report", args.json),
+        ("gradebook", args.csv),
+        ("Gradescope results", args.gradescope),
+    ):
+        if where:
+            print(f"{what} written to {where}")
     return 0
 
 
@@ -138,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             print(exercise_table())
             return 0
-        if args.command == "check":
-            return run_check(args)
         if args.command == "mistakes":
             print(mistake_table(args.exercise))
             return 0
@@ -149,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in sync_points() + problems():
                 print(line)
             return 1 if problems() else 0
+        if args.command == "check":
+            return run_check(args)
         return run_grade(args)
     except (FileNotFoundError, KeyError) as error:
         print(f"error: {error.args[0] if error.args else error}", file=sys.stderr)
@@ -156,3 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     except HiddenChecksUnavailable as error:
         print(f"error: {error}; add --public-only to grade with the public checks", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: the submissions graded so far are in the reports", file=sys.stderr)
+        return 130

@@ -1,33 +1,54 @@
-"""Grade a submission: find its notebooks, run its cases in a child process, judge, report.
+"""Grade one submission: find its notebooks, run its cases in a fenced child, judge, report.
 
-    find_submission -> run_isolated -> judge_submission -> SubmissionResult
+    find_submission -> plan -> run_isolated -> judge -> SubmissionResult
 
-The child process is the only place where student code runs; this process reads the plain
-data it leaves behind and decides every verdict.
+Student code runs only in the child (see grader.child and grader.fence). This process sends
+it the cases and their inputs, reads back plain data, and decides every verdict. When the
+child dies or runs out of time, the exercise it was on gets zero with the reason, and a new
+child carries on with the next exercise.
 """
 
 import hashlib
-import json
+import io
 import os
+import secrets
+import select
+import shutil
+import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import torch
 
 from dplab.devices import lab_devices
-from grader.api import Context
+from grader.api import Case, Check, Context
+from grader.fence import NOBODY, choose_fence, limit_process, private_paths
 from grader.judge import judge_exercise
 from grader.loader import load_notebook
 from grader.manifest import Exercise, load_manifest, solutions_dir
 from grader.registry import diagnoser, exercise_checks
-from grader.report import ExerciseResult, SubmissionResult, exercise_result, submission_result
+from grader.report import ExerciseResult, SubmissionResult, submission_result
+from grader.runner import unique_cases
 from grader.submission import Submission, find_submission
 
-DEFAULT_TIMEOUT = 600.0
 DEVICES = 2  # the exercises train on two devices, like the book
+MAX_FRAME = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one grading child may use."""
+
+    check_seconds: float = 60.0  # wall time of one case (0: no limit)
+    exercise_seconds: float = 300.0  # wall time of one exercise, its notebook's loading included
+    memory_gib: float = 4.0  # data memory of the child (0: no limit)
 
 
 def submission_seed(sub_id: str, seed: int) -> int:
@@ -35,9 +56,21 @@ def submission_seed(sub_id: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{sub_id}:{seed}".encode()).digest()[:6], "big")
 
 
+_reference_lock = threading.Lock()
+_children: set[subprocess.Popen] = set()
+_children_lock = threading.Lock()
+
+
+def stop_all_children() -> None:
+    """Kill every grading child still running (on Ctrl-C)."""
+    with _children_lock:
+        for proc in list(_children):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 @cache
-def reference(notebook: str) -> dict:
-    """Return the names defined by the reference solution of `notebook` (instructor side)."""
+def _load_reference(notebook: str) -> dict:
     path = solutions_dir() / notebook
     if not path.is_file():
         raise FileNotFoundError(f"the reference solution {path} is missing; hidden checks need it")
@@ -46,112 +79,299 @@ def reference(notebook: str) -> dict:
     ).namespace
 
 
-def child_environment(scratch: Path) -> dict[str, str]:
-    """Return the environment of the grading child: headless, offline, plots into scratch."""
-    env = dict(os.environ)
+def reference(notebook: str) -> dict:
+    """Return the names defined by the reference solution of `notebook` (instructor side)."""
+    with _reference_lock:
+        return _load_reference(notebook)
+
+
+@dataclass
+class Collected:
+    """What the children reported for one submission."""
+
+    outcomes: dict[str, dict[str, dict]] = field(
+        default_factory=dict
+    )  # exercise -> case -> outcome
+    stopped: dict[str, str] = field(default_factory=dict)  # exercise -> why it did not finish
+    changed: dict[str, list[str]] = field(default_factory=dict)  # exercise -> tampered names
+    notes: dict[str, list[str]] = field(default_factory=dict)  # notebook -> loading notes
+
+
+def describe_exit(code: int) -> str:
+    """Say in words how a child process ended."""
+    if code < 0:
+        name = signal.Signals(-code).name
+        return {
+            "SIGSEGV": "crashed with a segmentation fault",
+            "SIGBUS": "crashed with a bus error",
+            "SIGABRT": "aborted",
+            "SIGKILL": "was killed (SIGKILL), most likely for using too much memory",
+            "SIGXFSZ": "wrote more output than allowed",
+        }.get(name, f"was killed by {name}")
+    return f"exited with code {code} (the code called os._exit or sys.exit, or crashed)"
+
+
+class FrameReader:
+    """Parse length-prefixed frames from the child, checking the nonce and the order."""
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce, self.buffer, self.seq, self.broken = nonce, b"", 0, ""
+
+    def feed(self, data: bytes) -> list[dict]:
+        self.buffer += data
+        frames = []
+        while not self.broken and len(self.buffer) >= 8:
+            (size,) = struct.unpack(">Q", self.buffer[:8])
+            if size > MAX_FRAME:
+                self.broken = "a message from the grading process was too large"
+                break
+            if len(self.buffer) < 8 + size:
+                break
+            payload, self.buffer = self.buffer[8 : 8 + size], self.buffer[8 + size :]
+            try:
+                frame = torch.load(io.BytesIO(payload), weights_only=True)
+            except Exception:
+                self.broken = "a message from the grading process could not be read"
+                break
+            if (
+                not isinstance(frame, dict)
+                or frame.get("nonce") != self.nonce
+                or frame.get("seq") != self.seq
+            ):
+                self.broken = "something wrote into the channel of the grading process"
+                break
+            self.seq += 1
+            frames.append(frame)
+        return frames
+
+
+def _child_environment(scratch: Path, threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADER_", "JUPYTER"))}
     env.update(
         MPLBACKEND="Agg",
         DPLAB_OFFLINE="1",
         DPLAB_FIGURE_DIR=str(scratch),
+        MPLCONFIGDIR=str(scratch / ".matplotlib"),
+        HOME=str(scratch),
         PYTHONDONTWRITEBYTECODE="1",
+        OMP_NUM_THREADS=str(threads),
     )
     return env
 
 
-def run_isolated(sub: Submission, seed: int, hidden: bool, timeout: float, scratch: Path) -> str:
-    """Run the submission's cases in a child process; return "" or why it stopped early."""
+def _run_child(
+    sub: Submission,
+    plans: dict[str, list[tuple[str, Case, dict]]],
+    seed: int,
+    limits: Limits,
+    threads: int,
+    scratch: Path,
+    collected: Collected,
+) -> tuple[str, str]:
+    """Run one child on `plans`; return (exercise it was on when it stopped, why), or ("", "")."""
+    fence = choose_fence()
+    nonce = secrets.token_hex(16)
+    read_fd, write_fd = os.pipe()
     request = {
-        "notebooks": {name: str(path.resolve()) for name, path in sub.notebooks.items()},
-        "exercises": [ex.id for ex in sub.exercises],
+        "fd": write_fd,
+        "nonce": nonce,
         "seed": seed,
-        "hidden": hidden,
         "devices": DEVICES,
-        "out": str(scratch),
+        "threads": threads,
+        "scratch": str(scratch),
+        "private": [str(p) for p in private_paths()],
+        "check_seconds": limits.check_seconds,
+        "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
+        "exercises": [
+            [ex, [[name, list(case.origin), args] for name, case, args in plan]]
+            for ex, plan in plans.items()
+        ],
     }
-    (scratch / "request.json").write_text(json.dumps(request))
+    request_path = scratch / f"request-{nonce[:8]}.pt"
+    torch.save(request, request_path)
+    if fence.as_nobody:
+        os.chown(request_path, NOBODY, NOBODY)
+    log = open(scratch / "child.log", "ab")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [
+            *fence.prefix,
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-m",
+            "grader.child",
+            str(request_path),
+        ],
+        cwd=scratch,
+        env=_child_environment(scratch, threads),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        pass_fds=(write_fd,),
+        start_new_session=True,
+    )
+    os.close(write_fd)
+    with _children_lock:
+        _children.add(proc)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "grader.child", str(scratch / "request.json")],
-            cwd=scratch,
-            env=child_environment(scratch),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        return f"grading stopped at the time limit of {timeout:g} s while running these checks"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1][:300]
-        return f"the grading process ended with exit code {proc.returncode} ({last})"
-    return ""
+        limit_process(proc.pid, limits.memory_gib)
+    except (ProcessLookupError, PermissionError):
+        pass  # it has already ended, or the system does not allow it
+    reader = FrameReader(nonce)
+    current, started, reason = "", time.monotonic(), ""
+    loading: str = ""
+    try:
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], 0.2)
+            data = os.read(read_fd, 1 << 20) if ready else b""
+            for frame in reader.feed(data):
+                kind = frame["kind"]
+                if kind == "loading":
+                    loading, started = frame["notebook"], time.monotonic()
+                elif kind == "loaded":
+                    loading = ""
+                    collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
+                elif kind == "case-start":
+                    if frame["exercise"] != current:
+                        current, started = frame["exercise"], time.monotonic()
+                elif kind == "case":
+                    collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame[
+                        "outcome"
+                    ]
+                elif kind == "exercise-done":
+                    collected.changed[frame["exercise"]] = list(frame.get("changed", []))
+                    current = ""
+            if reader.broken:
+                reason = reader.broken
+                break
+            if ready and not data:  # end of file: the child has closed its end
+                break
+            if limits.exercise_seconds and time.monotonic() - started > limits.exercise_seconds:
+                what = f"loading {loading}" if loading else "this exercise"
+                reason = f"{what} ran past the time limit of {limits.exercise_seconds:g} s"
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+        with _children_lock:
+            _children.discard(proc)
+        os.close(read_fd)
+        log.close()
+    if not reason and (current or loading or code != 0):
+        reason = f"the grading process {describe_exit(code)}"
+    if loading:
+        return f"notebook:{loading}", reason
+    return current, reason
 
 
-def read_outcomes(scratch: Path, exercise_id: str) -> dict | None:
-    """Return the outcomes the child wrote for an exercise, or None if it wrote none."""
-    path = scratch / f"{exercise_id}.pt"
-    if not path.is_file():
-        return None
-    data = torch.load(path, weights_only=True)
-    return data if isinstance(data, dict) else None
+def run_isolated(
+    sub: Submission, checks: dict[str, list[Check]], seed: int, limits: Limits, threads: int
+) -> Collected:
+    """Run every exercise's cases in fenced children, restarting after a child stops early."""
+    collected = Collected()
+    todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
+    base = Context(seed)
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        scratch = Path(tmp)
+        (scratch / "submission").mkdir()
+        for name, path in sub.notebooks.items():
+            shutil.copyfile(path, scratch / "submission" / name)
+        if choose_fence().as_nobody:
+            for p in [scratch, *scratch.rglob("*")]:
+                os.chown(p, NOBODY, NOBODY)
+        while todo:
+            plans = {
+                ex.id: [
+                    (c.name, c, c.arguments(base.for_case(c.name)))
+                    for c in unique_cases(checks[ex.id])
+                ]
+                for ex in todo
+            }
+            culprit, reason = _run_child(sub, plans, seed, limits, threads, scratch, collected)
+            if culprit.startswith("notebook:"):
+                lost = [ex for ex in todo if ex.notebook == culprit.removeprefix("notebook:")]
+                for ex in lost:
+                    collected.stopped[ex.id] = f"while loading {ex.notebook}, {reason}"
+                todo = [ex for ex in todo if ex not in lost]
+                continue
+            finished = [ex for ex in todo if ex.id in collected.changed]
+            if culprit:
+                collected.stopped[culprit] = reason
+                finished.append(next(ex for ex in todo if ex.id == culprit))
+            elif reason or not finished:  # it stopped between exercises: the next one is lost
+                nxt = next(ex for ex in todo if ex not in finished)
+                collected.stopped[nxt.id] = reason or "the grading process ended without a report"
+                finished.append(nxt)
+            todo = [ex for ex in todo if ex not in finished]
+    return collected
 
 
 def judge_one(
     ex: Exercise,
-    outcomes: dict | None,
+    checks: list[Check],
     sub: Submission,
+    collected: Collected,
     seed: int,
     hidden: bool,
-    stopped: str,
-    notes: list[str],
 ) -> ExerciseResult:
-    """Judge one exercise of a submission from the child's outcomes."""
-    checks = exercise_checks(ex, include_hidden=hidden)
+    """Judge one exercise of a submission from what the children reported."""
+    outcomes = dict(collected.outcomes.get(ex.id, {}))
+    missing = ""
     if ex.notebook not in sub.notebooks:
         missing = f"{ex.notebook} is missing from the submission"
-    elif outcomes is None:
-        missing = stopped or f"{ex.notebook} could not be loaded: " + "; ".join(notes)
-    else:
-        missing = ""
+    elif ex.id in collected.stopped:
+        missing = collected.stopped[ex.id]
+    elif collected.changed.get(ex.id):
+        names = ", ".join(collected.changed[ex.id][:4])
+        outcomes = {}
+        missing = (
+            f"the submission changed the grader's own code or torch ({names}), so "
+            "this exercise's results cannot be trusted"
+        )
+    elif ex.id not in collected.outcomes:
+        missing = f"{ex.notebook} could not be loaded: " + "; ".join(
+            collected.notes.get(ex.notebook, [])
+        )
     ctx = Context(seed, lab_devices(DEVICES), reference(ex.notebook) if hidden else None)
-    return judge_exercise(
-        ex.id, ex.function, checks, outcomes or {}, ctx, diagnoser(ex), missing=missing
-    )
+    return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)
+
+
+def default_threads(jobs: int = 1) -> int:
+    """Return how many CPU threads each child should use when `jobs` run side by side."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
 def grade_submission(
-    sub: Submission, seed: int = 0, hidden: bool = True, timeout: float = DEFAULT_TIMEOUT
+    sub: Submission,
+    seed: int = 0,
+    hidden: bool = True,
+    limits: Limits = Limits(),
+    threads: int | None = None,
 ) -> SubmissionResult:
     """Grade one submission end to end and return its result."""
     sub_seed = submission_seed(sub.id, seed)
-    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        scratch = Path(tmp)
-        stopped = run_isolated(sub, sub_seed, hidden, timeout, scratch) if sub.notebooks else ""
-        load_notes = {}
-        if (scratch / "notes.json").is_file():
-            load_notes = json.loads((scratch / "notes.json").read_text())
-        results = []
-        for ex in sub.exercises:
-            notes = load_notes.get(ex.notebook, [])
-            results.append(
-                judge_one(ex, read_outcomes(scratch, ex.id), sub, sub_seed, hidden, stopped, notes)
-            )
+    checks = {ex.id: exercise_checks(ex, include_hidden=hidden) for ex in sub.exercises}
+    collected = run_isolated(sub, checks, sub_seed, limits, threads or default_threads())
+    results = [
+        judge_one(ex, checks[ex.id], sub, collected, sub_seed, hidden) for ex in sub.exercises
+    ]
     notes = list(sub.notes)
-    for name, items in load_notes.items():
+    for name, items in collected.notes.items():
         notes += [f"{name}: {item}" for item in items]
     return submission_result(sub.id, str(sub.path), results, notes)
 
 
+def select_exercises(sub: Submission, exercises: list[str] | None) -> Submission:
+    """Keep only the given exercise ids (all when None)."""
+    if exercises:
+        manifest = load_manifest()
+        wanted = [manifest.exercise(e) for e in exercises]
+        sub.exercises = wanted
+    return sub
+
+
 def grade_path(path: str | Path, exercises: list[str] | None = None, **options) -> SubmissionResult:
     """Find the submission at `path`, keep only `exercises` (ids) if given, and grade it."""
-    manifest = load_manifest()
-    sub = find_submission(path, manifest)
-    if exercises:
-        wanted = [manifest.exercise(e).id for e in exercises]
-        sub.exercises = [ex for ex in sub.exercises if ex.id in wanted]
-        for missing in set(wanted) - {ex.id for ex in sub.exercises}:
-            sub.exercises.append(manifest.exercise(missing))
+    sub = select_exercises(find_submission(path, load_manifest()), exercises)
     return grade_submission(sub, **options)
-
-
-__all__ = ["exercise_result", "grade_path", "grade_submission"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dplab
+from grader.runner import TimeLimit, time_limit
 
 NEVER_CALLED = frozenset({"check"})  # the notebook's own check cells: grading runs the checks
 
@@ -107,9 +108,15 @@ def calls_any(node: ast.AST, names: frozenset[str]) -> str | None:
 
 
 def load_notebook(
-    path: str | Path, skip_calls: frozenset[str] = frozenset(), module_name: str | None = None
+    path: str | Path,
+    skip_calls: frozenset[str] = frozenset(),
+    module_name: str | None = None,
+    statement_seconds: float | None = None,
 ) -> Loaded:
-    """Run the notebook's definitions into a fresh module namespace; see the module docstring."""
+    """Run the notebook's definitions into a fresh module namespace; see the module docstring.
+
+    `statement_seconds` limits each top-level statement (None: no limit).
+    """
     path = Path(path)
     install_d2l_alias()
     name = module_name or f"submission_{path.stem.replace('-', '_')}"
@@ -133,12 +140,17 @@ def load_notebook(
             )
             continue
         for statement in tree.body:
-            _run_statement(statement, filename, number, skip_calls, loaded)
+            _run_statement(statement, filename, number, skip_calls, loaded, statement_seconds)
     return loaded
 
 
 def _run_statement(
-    statement: ast.stmt, filename: str, cell: int, skip_calls: frozenset[str], loaded: Loaded
+    statement: ast.stmt,
+    filename: str,
+    cell: int,
+    skip_calls: frozenset[str],
+    loaded: Loaded,
+    seconds: float | None,
 ) -> None:
     where = f"code cell {cell}, line {statement.lineno}"
     if called := calls_any(statement, skip_calls):
@@ -150,8 +162,16 @@ def _run_statement(
     code = compile(ast.Module(body=[statement], type_ignores=[]), filename, "exec")
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        with (
+            contextlib.redirect_stdout(printed),
+            contextlib.redirect_stderr(printed),
+            time_limit(seconds),
+        ):
             exec(code, loaded.namespace)
+    except TimeLimit:
+        loaded.notes.append(
+            f"{where}: stopped after {seconds:g} s (the time limit); loading went on"
+        )
     except (Exception, SystemExit) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         loaded.notes.append(

@@ -41,6 +41,30 @@ class SubmissionResult:
     max_score: float
     exercises: list[ExerciseResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what loading the notebooks reported
+    seconds: float = 0.0  # wall time of grading it
+    fingerprint: str = ""  # of the notebooks, the grader and the options: same means same result
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SubmissionResult":
+        """Rebuild a result read back from a JSON report."""
+        exercises = [
+            ExerciseResult(
+                e["name"],
+                e["score"],
+                e["max_score"],
+                [CheckResult(**c) for c in e["checks"]],
+                list(e.get("notes", [])),
+            )
+            for e in data["exercises"]
+        ]
+        fields = {k: data[k] for k in ("id", "path", "score", "max_score")}
+        return cls(
+            **fields,
+            exercises=exercises,
+            notes=list(data.get("notes", [])),
+            seconds=float(data.get("seconds", 0.0)),
+            fingerprint=str(data.get("fingerprint", "")),
+        )
 
 
 def exercise_result(
@@ -68,16 +92,29 @@ def submission_result(
     )
 
 
-def write_json(results: list[SubmissionResult], path: Path) -> None:
-    """Write the JSON report atomically (a reader never sees half a file)."""
-    payload = {"submissions": [asdict(r) for r in results]}
+def write_atomically(path: Path, text: str) -> None:
+    """Write a file so that a reader sees the old or the new content, never half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2)
-        f.write("\n")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_json(results: list[SubmissionResult], path: Path) -> None:
+    """Write the JSON report (see the README for its fields)."""
+    payload = {"submissions": [asdict(r) for r in results]}
+    write_atomically(path, json.dumps(payload, indent=2) + "\n")
+
+
+def read_json(path: Path) -> list[SubmissionResult]:
+    """Read a JSON report back; an unreadable file gives no results (they will be graded)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return [SubmissionResult.from_dict(s) for s in data["submissions"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 MAX_NOTES = 8

@@ -6,10 +6,12 @@ uses it in a separate process; the notebook's `check()` uses it in the kernel it
 
 import contextlib
 import io
+import signal
+import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from grader.api import Case, Check, Context, Student
@@ -60,21 +62,60 @@ def unique_cases(checks: Iterable[Check]) -> list[Case]:
     return list(seen.values())
 
 
-def run_case(case: Case, student: Student, ctx: Context) -> dict:
-    """Run one case; return its outcome as plain data (value or error, and printed text)."""
+class TimeLimit(BaseException):
+    """Raised in the student's code when a case runs past its time limit.
+
+    It derives from BaseException so that a student's `except Exception:` does not swallow it.
+    """
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise TimeLimit in the block after `seconds` (main thread only; None: no limit)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise TimeLimit(f"it ran past the time limit of {seconds:g} s per check")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_case(
+    case: Case,
+    student: Student,
+    ctx: Context,
+    arguments: dict | None = None,
+    limit: float | None = None,
+) -> dict:
+    """Run one case; return its outcome as plain data (value or error, and printed text).
+
+    `arguments` are the case's parameters as computed by the grader (None: compute them
+    here); `limit` is the time limit in seconds.
+    """
     printed = io.StringIO()
     started = time.perf_counter()
     outcome: dict = {"case": case.name}
+    case_ctx = ctx.for_case(case.name)
     try:
         with (
             contextlib.redirect_stdout(printed),
             contextlib.redirect_stderr(printed),
             warnings.catch_warnings(),
+            time_limit(limit),
         ):
             warnings.simplefilter("ignore")
-            value = case.run(student, ctx.for_case(case.name))
+            args = case.arguments(case_ctx) if arguments is None else arguments
+            value = case.run(student, case_ctx, **args)
         outcome["value"] = pack(value)
-    except (Exception, SystemExit) as error:
+    except (Exception, SystemExit, TimeLimit) as error:
         outcome["error"] = Raised.from_exception(error).as_data()
     outcome["printed"] = printed.getvalue()[-MAX_PRINTED:]
     outcome["seconds"] = time.perf_counter() - started
@@ -82,5 +123,5 @@ def run_case(case: Case, student: Student, ctx: Context) -> dict:
 
 
 def run_checks(checks: list[Check], student: Student, ctx: Context) -> dict[str, dict]:
-    """Run every case the checks need; return outcomes by case name."""
+    """Run every case the checks need, here and now; return outcomes by case name."""
     return {c.name: run_case(c, student, ctx) for c in unique_cases(checks)}

@@ -69,6 +69,12 @@ def one_to_eight_tensors(student, ctx):
 
 
 @case
+def given_lists(student, ctx, lists: list[list[torch.Tensor]]):
+    """The lists of tensors the grader sends, each spread round-robin over the devices."""
+    return [run_on(student, ts, cycle(ctx.devices, len(ts))) for ts in lists]
+
+
+@case
 def other_dtypes_and_shapes(student, ctx):
     """float64, int64 and int32 tensors of several shapes, three to a list."""
     return [run_on(student, ts, cycle(ctx.devices, len(ts))) for ts in mixed_lists(ctx.seed)]

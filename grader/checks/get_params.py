@@ -1,6 +1,7 @@
 """Public checks of `get_params(params, device)`: fresh trainable copies on one device."""
 
 import torch
+from torch import nn
 
 import dplab
 from grader.api import Fail, case, check, expect, expect_close, expect_equal, short
@@ -39,14 +40,22 @@ def to_the_second_device(student, ctx):
 
 
 @case
-def onto_the_same_device(student, ctx):
-    """Copy parameters that already live on the target device, then change the copies."""
+def copy_in_place_then_change(student, ctx, trainable: bool = False, factor: float = 1.0):
+    """Copy parameters that already live on the target device (as nn.Parameter objects if
+    `trainable`), then add 1 to every copy and multiply it by `factor`."""
     params = [p.to(ctx.devices[0]) for p in dplab.lenet_params(seed=ctx.seed)]
+    if trainable:
+        params = [nn.Parameter(p) for p in params]
     copies = student.fn(params, ctx.devices[0])
     with torch.no_grad():
         for c in copies:
-            c.add_(1)
+            c.add_(1).mul_(factor)
     return {"copies": copies, "originals": params}
+
+
+onto_the_same_device = copy_in_place_then_change.using(
+    "onto_the_same_device", "Copy parameters onto their own device, then change the copies."
+)
 
 
 @case

@@ -77,6 +77,20 @@ def seven_classes_three_channels(student, ctx):
     return output_shape(net, (2, 3, 96, 96), ctx.generator())
 
 
+def layers(net: nn.Module) -> list[list]:
+    """Return [name, type, parameter shapes] for every module, in order."""
+    return [
+        [name, type(m).__name__, [list(p.shape) for p in m.parameters(recurse=False)]]
+        for name, m in net.named_modules()
+    ]
+
+
+@case
+def layer_tree(student, ctx):
+    """Every module of resnet18(10), with its parameter shapes."""
+    return layers(student.fn(10))
+
+
 @check(
     ten_classes_one_channel,
     points=2,

@@ -10,7 +10,7 @@ import torch
 
 import dplab
 from grader.api import Fail, case, check, close, expect, expect_close
-from grader.fixtures import lenet_loss, random_batch
+from grader.fixtures import cycle, lenet_loss, random_batch
 from grader.transport import SeenTensor
 
 LR = 0.1
@@ -24,13 +24,10 @@ def start(seed: int) -> list[torch.Tensor]:
     return dplab.lenet_params(scale=SCALE, seed=seed)
 
 
-def run_steps(student, ctx, n: int, k: int, steps: int = 1) -> list:
+@case
+def random_steps(student, ctx, n: int, k: int, steps: int = 1) -> list:
     """Make k replicas and call train_batch `steps` times on random batches of n examples."""
-    devices = (
-        ctx.devices[:k]
-        if k <= len(ctx.devices)
-        else [ctx.devices[i % len(ctx.devices)] for i in range(k)]
-    )
+    devices = cycle(ctx.devices, k)
     replicas = [[t.to(d).requires_grad_() for t in start(ctx.seed)] for d in devices]
     gen = ctx.generator()
     for _ in range(steps):
@@ -143,22 +140,19 @@ def expect_plain_sgd(seen, ctx, n: int, k: int, steps: int = 1) -> None:
                 raise Fail(fail.message, hint) from None
 
 
-@case
-def even_split(student, ctx):
-    """One step on 8 random examples over two devices (4 and 4)."""
-    return run_steps(student, ctx, n=8, k=2)
-
-
-@case
-def uneven_split(student, ctx):
-    """One step on 7 random examples over two devices (4 and 3)."""
-    return run_steps(student, ctx, n=7, k=2)
-
-
-@case
-def two_steps(student, ctx):
-    """Two steps in a row on 8 random examples each, over two devices."""
-    return run_steps(student, ctx, n=8, k=2, steps=2)
+even_split = random_steps.using(
+    "even_split", "One step on 8 random examples over two devices (4 and 4).", n=8, k=2
+)
+uneven_split = random_steps.using(
+    "uneven_split", "One step on 7 random examples over two devices (4 and 3).", n=7, k=2
+)
+two_steps = random_steps.using(
+    "two_steps",
+    "Two steps in a row on 8 random examples each, over two devices.",
+    n=8,
+    k=2,
+    steps=2,
+)
 
 
 @check(even_split, points=3, hint=ORDER_HINT)

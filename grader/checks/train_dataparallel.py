@@ -55,7 +55,8 @@ def wrap_devices(ctx) -> list[torch.device]:
     return list(dict.fromkeys(devices)) if any(d.type == "cuda" for d in devices) else devices
 
 
-def run_training(student, ctx, lr: float, num_epochs: int, batch_norm: bool = True) -> dict:
+@case
+def training_run(student, ctx, lr: float, num_epochs: int, batch_norm: bool = True) -> dict:
     """Train a tiny network with the student's train(...) and record what happened."""
     net = tiny_net(ctx.seed, batch_norm)
     batches = tiny_batches()
@@ -128,16 +129,18 @@ def the_wrap(seen: dict) -> dict:
     return mine[0]
 
 
-@case
-def three_short_epochs(student, ctx):
-    """Three epochs of two batches of 16 images, learning rate 1.0, with a tiny network."""
-    return run_training(student, ctx, LR, EPOCHS)
-
-
-@case
-def learning_rate_zero(student, ctx):
-    """One epoch with learning rate 0, so the weights stay as initialised."""
-    return run_training(student, ctx, 0.0, 1)
+three_short_epochs = training_run.using(
+    "three_short_epochs",
+    "Three epochs of two batches of 16 images, learning rate 1.0, with a tiny network.",
+    lr=LR,
+    num_epochs=EPOCHS,
+)
+learning_rate_zero = training_run.using(
+    "learning_rate_zero",
+    "One epoch with learning rate 0, so the weights stay as initialised.",
+    lr=0.0,
+    num_epochs=1,
+)
 
 
 @check(

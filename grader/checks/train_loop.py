@@ -39,8 +39,10 @@ def quiet_plots(student, log: list):
         yield
 
 
-def run_recorded(student, ctx, num_epochs: int, devices: list) -> dict:
-    """Run train on the tiny batches with get_params, train_batch and lenet recorded."""
+@case
+def recorded_run(student, ctx, num_epochs: int, num_devices: int) -> dict:
+    """Run train on three tiny batches, with get_params, train_batch and lenet recorded."""
+    devices = ctx.devices[:num_devices]
     batches = tiny_batches()
     log: list = []
     replicas: list[int] = []
@@ -99,10 +101,12 @@ def epochs_of(seen: dict) -> list[list[tuple]]:
     return epochs
 
 
-@case
-def two_epochs_on_tiny_batches(student, ctx):
-    """Two epochs over 3 training and 2 test batches, train_batch replaced by a recorder."""
-    return run_recorded(student, ctx, EPOCHS, ctx.devices[:2])
+two_epochs_on_tiny_batches = recorded_run.using(
+    "two_epochs_on_tiny_batches",
+    "Two epochs over 3 training and 2 test batches, train_batch replaced by a recorder.",
+    num_epochs=EPOCHS,
+    num_devices=2,
+)
 
 
 @case

@@ -26,17 +26,14 @@ def expect_listing(seen: dict, wanted: list[str], setting: str) -> None:
 
 
 @case
-def three_gpus(student, ctx):
-    """Pretend there are three GPUs and list them."""
-    with pretend_gpus(3):
+def listing_with_gpus(student, ctx, gpus: int):
+    """Pretend the machine has `gpus` GPUs and list the devices."""
+    with pretend_gpus(gpus):
         return listing(student)
 
 
-@case
-def no_gpu(student, ctx):
-    """Pretend there is no GPU and list the devices."""
-    with pretend_gpus(0):
-        return listing(student)
+three_gpus = listing_with_gpus.using("three_gpus", "Pretend there are three GPUs.", gpus=3)
+no_gpu = listing_with_gpus.using("no_gpu", "Pretend there is no GPU.", gpus=0)
 
 
 @check(

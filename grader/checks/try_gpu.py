@@ -4,12 +4,6 @@ from grader.api import case, check, expect
 from grader.fixtures import pretend_gpus
 
 
-def ask(student, indices: list[int]) -> dict:
-    """Call try_gpu for each index (and with no argument); note what came back."""
-    got = [student.fn(i) for i in indices] + [student.fn()]
-    return {"kinds": [type(d).__name__ for d in got], "devices": [str(d) for d in got]}
-
-
 def expect_devices(seen: dict, wanted: list[str], setting: str, asked: str) -> None:
     """Fail unless the devices and their types are as wanted."""
     expect(
@@ -21,10 +15,19 @@ def expect_devices(seen: dict, wanted: list[str], setting: str, asked: str) -> N
 
 
 @case
-def four_gpus(student, ctx):
-    """Pretend there are four GPUs; ask for GPUs 0, 3, 4 and 7, then for the default."""
-    with pretend_gpus(4):
-        return ask(student, [0, 3, 4, 7])
+def ask_with_gpus(student, ctx, gpus: int, indices: list[int]):
+    """Pretend the machine has `gpus` GPUs; ask for each index, then for the default."""
+    with pretend_gpus(gpus):
+        got = [student.fn(i) for i in indices] + [student.fn()]
+    return {"kinds": [type(d).__name__ for d in got], "devices": [str(d) for d in got]}
+
+
+four_gpus = ask_with_gpus.using(
+    "four_gpus",
+    "Pretend there are four GPUs; ask for 0, 3, 4, 7 and the default.",
+    gpus=4,
+    indices=[0, 3, 4, 7],
+)
 
 
 @check(

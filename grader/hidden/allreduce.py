@@ -2,9 +2,8 @@
 
 import torch
 
-from grader.api import case, check, expect_close, expect_equal
-from grader.checks.allreduce import REBIND_HINT, rebound, run_on
-from grader.fixtures import cycle
+from grader.api import check, expect_close, expect_equal
+from grader.checks.allreduce import REBIND_HINT, given_lists, rebound
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int16]
 
@@ -31,10 +30,11 @@ def random_lists(seed: int) -> list[list[torch.Tensor]]:
     return lists
 
 
-@case
-def random_lists_of_tensors(student, ctx):
-    """Five lists of random length, shape and dtype, spread over the devices."""
-    return [run_on(student, ts, cycle(ctx.devices, len(ts))) for ts in random_lists(ctx.seed)]
+random_lists_of_tensors = given_lists.using(
+    "random_lists_of_tensors",
+    "Five lists of random length, shape and dtype, spread over the devices.",
+    lists=lambda ctx: random_lists(ctx.seed),
+)
 
 
 @check(random_lists_of_tensors, points=2, hint=REBIND_HINT)

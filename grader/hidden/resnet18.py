@@ -1,22 +1,7 @@
 """Hidden checks of `resnet18`: the whole layer tree against the reference solution."""
 
-from torch import nn
-
-from grader.api import case, check, expect
-
-
-def layers(net: nn.Module) -> list[list]:
-    """Return [name, type, parameter shapes] for every module, in order."""
-    return [
-        [name, type(m).__name__, [list(p.shape) for p in m.parameters(recurse=False)]]
-        for name, m in net.named_modules()
-    ]
-
-
-@case
-def layer_tree(student, ctx):
-    """Every module of resnet18(10), with its parameter shapes."""
-    return layers(student.fn(10))
+from grader.api import check, expect
+from grader.checks.resnet18 import layer_tree, layers
 
 
 @check(layer_tree, points=1, hint="Match the book's layer order and names exactly.")

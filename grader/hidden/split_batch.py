@@ -2,9 +2,8 @@
 
 import torch
 
-from grader.api import case, check, expect, expect_equal
-from grader.checks.split_batch import pair_of
-from grader.fixtures import cycle
+from grader.api import check, expect, expect_equal
+from grader.checks.split_batch import given_batches, pair_of
 
 
 def random_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -20,10 +19,11 @@ def random_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     return batches
 
 
-@case
-def random_batches_over_devices(student, ctx):
-    """Four random batches over 2 to 4 devices."""
-    return [student.fn(X, y, cycle(ctx.devices, k)) for X, y, k in random_batches(ctx.seed)]
+random_batches_over_devices = given_batches.using(
+    "random_batches_over_devices",
+    "Four random batches of 2 to 40 rows over 2 to 4 devices.",
+    batches=lambda ctx: random_batches(ctx.seed),
+)
 
 
 @check(

@@ -2,15 +2,13 @@
 
 import torch
 
-from grader.api import case, check, expect_close
-from grader.checks.train_batch import LR, NAMES, replicas_of, run_steps, start
+from grader.api import check, expect_close
+from grader.checks.train_batch import LR, NAMES, random_steps, replicas_of, start
 from grader.fixtures import random_batch
 
-
-@case
-def four_replicas(student, ctx):
-    """One step on 10 random examples over four devices (3, 3, 3 and 1)."""
-    return run_steps(student, ctx, n=10, k=4)
+four_replicas = random_steps.using(
+    "four_replicas", "One step on 10 random examples over four devices (3, 3, 3 and 1).", n=10, k=4
+)
 
 
 @check(

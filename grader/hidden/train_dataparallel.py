@@ -3,23 +3,25 @@
 import torch
 from torch import nn
 
-from grader.api import case, check, expect, expect_close
+from grader.api import check, expect, expect_close
 from grader.checks.train_dataparallel import (
     EPOCHS,
     LR,
-    run_training,
     the_wrap,
     tiny_batches,
     tiny_net,
+    training_run,
     wrap_devices,
 )
 from grader.checks.train_loop import SUMMARY
 
-
-@case
-def three_epochs_without_batch_norm(student, ctx):
-    """Three epochs with a tiny network without batch norm, whose training is deterministic."""
-    return run_training(student, ctx, LR, EPOCHS, batch_norm=False)
+three_epochs_without_batch_norm = training_run.using(
+    "three_epochs_without_batch_norm",
+    "Three epochs with a tiny network without batch norm, whose training is deterministic.",
+    lr=LR,
+    num_epochs=EPOCHS,
+    batch_norm=False,
+)
 
 
 @check(

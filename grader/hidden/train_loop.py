@@ -1,13 +1,14 @@
 """Hidden checks of the from-scratch `train(...)` loop."""
 
-from grader.api import case, check, expect
-from grader.checks.train_loop import run_recorded, steps
+from grader.api import check, expect
+from grader.checks.train_loop import recorded_run, steps
 
-
-@case
-def one_device_three_epochs(student, ctx):
-    """Three epochs on one device, train_batch replaced by a recorder."""
-    return run_recorded(student, ctx, 3, ctx.devices[:1])
+one_device_three_epochs = recorded_run.using(
+    "one_device_three_epochs",
+    "Three epochs on one device, train_batch replaced by a recorder.",
+    num_epochs=3,
+    num_devices=1,
+)
 
 
 @check(

@@ -1,15 +1,9 @@
 """Hidden checks of `try_all_gpus`."""
 
-from grader.api import case, check
-from grader.checks.try_all_gpus import expect_listing, listing
-from grader.fixtures import pretend_gpus
+from grader.api import check
+from grader.checks.try_all_gpus import expect_listing, listing_with_gpus
 
-
-@case
-def one_gpu(student, ctx):
-    """Pretend there is exactly one GPU and list the devices."""
-    with pretend_gpus(1):
-        return listing(student)
+one_gpu = listing_with_gpus.using("one_gpu", "Pretend there is exactly one GPU.", gpus=1)
 
 
 @check(one_gpu, points=1, hint="With one GPU the list is [cuda:0], without the CPU.")

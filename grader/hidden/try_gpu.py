@@ -1,15 +1,9 @@
 """Hidden checks of `try_gpu`."""
 
-from grader.api import case, check
-from grader.checks.try_gpu import ask, expect_devices
-from grader.fixtures import pretend_gpus
+from grader.api import check
+from grader.checks.try_gpu import ask_with_gpus, expect_devices
 
-
-@case
-def no_gpu(student, ctx):
-    """Pretend there is no GPU at all; ask for GPUs 0 and 1, then for the default."""
-    with pretend_gpus(0):
-        return ask(student, [0, 1])
+no_gpu = ask_with_gpus.using("no_gpu", "Pretend there is no GPU at all.", gpus=0, indices=[0, 1])
 
 
 @check(no_gpu, points=1, hint="On a machine without GPUs every index gives torch.device('cpu').")

@@ -1,0 +1,197 @@
+"""Grade a class: many submissions side by side, every result kept the moment it is in.
+
+- `expand` turns the command line into submissions; an nbgrader `submitted/` folder (one
+  folder per student) gives one submission per student.
+- Submissions run `jobs` at a time, each in its own fenced children (grader.grading).
+- After each one finishes, the JSON report, the CSV gradebook and its Gradescope file are
+  rewritten atomically, so an interrupted run keeps everything already graded.
+- A submission whose fingerprint (notebooks, grader, options) matches one in the existing
+  JSON report is not graded again, unless asked.
+- At the very end every output is written once more from the results held in memory, so
+  nothing a submission's code wrote into them survives.
+"""
+
+import hashlib
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from grader.exports import gradebook_csv, write_gradescope
+from grader.grading import (
+    Limits,
+    default_threads,
+    grade_submission,
+    select_exercises,
+    stop_all_children,
+)
+from grader.manifest import REPO, Manifest, load_manifest
+from grader.report import SubmissionResult, read_json, write_atomically, write_json
+from grader.submission import Submission, find_submission
+
+
+def is_class_folder(path: Path, manifest: Manifest) -> bool:
+    """Return True for a folder of students' folders (such as nbgrader's `submitted/`)."""
+    if not path.is_dir() or (path / manifest.assignment).is_dir():
+        return False
+    if any((path / nb).is_file() for nb in manifest.notebooks):
+        return False
+    return any(
+        (d / manifest.assignment).is_dir() or any((d / nb).is_file() for nb in manifest.notebooks)
+        for d in path.iterdir()
+        if d.is_dir()
+    )
+
+
+def expand(paths: list[str | Path], manifest: Manifest) -> list[Submission]:
+    """Return the submissions the given paths stand for, in order, ids made unique."""
+    subs: list[Submission] = []
+    for given in paths:
+        path = Path(given)
+        if is_class_folder(path, manifest):
+            subs += [
+                find_submission(d, manifest)
+                for d in sorted(path.iterdir())
+                if d.is_dir() and not d.name.startswith(".")
+            ]
+        else:
+            subs.append(find_submission(path, manifest))
+    seen: set[str] = set()
+    for sub in subs:
+        base, n = sub.id, 2
+        while sub.id in seen:
+            sub.id, n = f"{base}-{n}", n + 1
+        seen.add(sub.id)
+    return subs
+
+
+@cache
+def grader_fingerprint() -> str:
+    """Return a hash of the grader's own files: a changed check means new results."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "grader").rglob("*")):
+        if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(REPO)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def fingerprint(sub: Submission, options: dict) -> str:
+    """Return what a result depends on: the notebooks, the grader and the options."""
+    digest = hashlib.sha256(grader_fingerprint().encode())
+    digest.update(repr(sorted(options.items())).encode())
+    digest.update(repr([ex.id for ex in sub.exercises]).encode())
+    for name, path in sorted(sub.notebooks.items()):
+        digest.update(name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Outputs:
+    """Where the results go; None means not asked for."""
+
+    json: Path | None = None
+    csv: Path | None = None
+    gradescope: Path | None = None
+
+    def write(self, results: list[SubmissionResult], just_done: SubmissionResult | None) -> None:
+        """Rewrite the reports; write the Gradescope file of `just_done` (all of them if None)."""
+        manifest = load_manifest()
+        if self.json:
+            write_json(results, self.json)
+        if self.csv:
+            write_atomically(self.csv, gradebook_csv(results, manifest))
+        if self.gradescope:
+            for r in results if just_done is None else [just_done]:
+                write_gradescope(r, self.gradescope)
+
+
+class Progress:
+    """Submissions done, running and left: one updating line on a terminal, else a line each."""
+
+    def __init__(self, total: int, stream=sys.stderr) -> None:
+        self.total, self.stream = total, stream
+        self.live = hasattr(stream, "isatty") and stream.isatty()
+
+    def show(self, done: int, running: int, last: SubmissionResult | None = None) -> None:
+        left = self.total - done - running
+        counts = f"{done}/{self.total} graded, {running} running, {left} left"
+        if self.live:
+            width = 24
+            filled = round(width * done / self.total) if self.total else width
+            print(
+                f"\r[{'#' * filled}{'-' * (width - filled)}] {counts}",
+                end="",
+                file=self.stream,
+                flush=True,
+            )
+            if done == self.total:
+                print(file=self.stream)
+        elif last is not None:
+            print(
+                f"{last.id}: {last.score:g}/{last.max_score:g} ({counts})",
+                file=self.stream,
+                flush=True,
+            )
+
+
+def grade_class(
+    subs: list[Submission],
+    outputs: Outputs,
+    jobs: int = 1,
+    seed: int = 0,
+    hidden: bool = True,
+    limits: Limits | None = None,
+    regrade: bool = False,
+    exercises: list[str] | None = None,
+    progress: Callable[[int, int, SubmissionResult | None], None] | None = None,
+) -> list[SubmissionResult]:
+    """Grade every submission (see the module docstring) and return the results in order."""
+    limits = limits or Limits()
+    options = {"seed": seed, "hidden": hidden, "limits": repr(limits)}
+    subs = [select_exercises(sub, exercises) for sub in subs]
+    previous = {r.id: r for r in read_json(outputs.json)} if outputs.json else {}
+    results: dict[str, SubmissionResult] = {}
+    todo: list[tuple[Submission, str]] = []
+    for sub in subs:
+        mark = fingerprint(sub, options)
+        old = previous.get(sub.id)
+        if not regrade and old is not None and old.fingerprint == mark:
+            results[sub.id] = old
+        else:
+            todo.append((sub, mark))
+    show = progress or Progress(len(subs)).show
+    threads = default_threads(jobs)
+
+    def ordered() -> list[SubmissionResult]:
+        return [results[s.id] for s in subs if s.id in results]
+
+    def grade(sub: Submission, mark: str) -> SubmissionResult:
+        started = time.monotonic()
+        result = grade_submission(sub, seed=seed, hidden=hidden, limits=limits, threads=threads)
+        result.seconds, result.fingerprint = time.monotonic() - started, mark
+        return result
+
+    show(len(results), 0, None)
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        pending: set[Future] = {pool.submit(grade, sub, mark) for sub, mark in todo}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                result = future.result()
+                results[result.id] = result
+                outputs.write(ordered(), result)
+                show(len(results), min(len(pending), jobs), result)
+    except BaseException:  # Ctrl-C or a failure of the grader itself: keep what is done
+        stop_all_children()
+        pool.shutdown(wait=False, cancel_futures=True)
+        outputs.write(ordered(), None)
+        raise
+    pool.shutdown()
+    outputs.write(ordered(), None)
+    return ordered()
