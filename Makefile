@@ -11,7 +11,7 @@ READY := $(VENV)/.ready
 PORT ?= 8888
 ASSIGNMENT := multigpu
 
-.PHONY: setup lab test lint exercises clean
+.PHONY: setup lab test lint exercises bench-grade clean
 
 setup: $(READY)
 
@@ -38,3 +38,6 @@ exercises: $(READY)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+bench-grade: $(READY)
+	$(BIN)/python -m grader.bench --students 20 --jobs 2

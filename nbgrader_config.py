@@ -15,3 +15,6 @@ c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 
 STUB = "# YOUR CODE HERE\nraise NotImplementedError('write this function, then run its check')"
 c.ClearSolutions.code_stub = {"python": STUB}
+
+# The notebooks train for real when nbgrader runs them (autograde): give cells time.
+c.ExecutePreprocessor.timeout = 900

@@ -64,3 +64,27 @@ def sync_points(folder: Path | None = None) -> list[str]:
         if dirty:
             path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return changed
+
+
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def reference_answers(notebook: str, folder: Path | None = None) -> dict[str, str]:
+    """Return the reference solution of every solution cell of `notebook`, by grade id."""
+    answers = {}
+    for grade_id, cell in cells_by_grade_id((folder or solutions_dir()) / notebook).items():
+        if cell["metadata"]["nbgrader"].get("solution"):
+            lines = "".join(cell["source"]).splitlines()
+            answers[grade_id] = "\n".join(x for x in lines if x.strip() not in SOLUTION_MARKERS)
+    return answers
+
+
+def filled_in(released: Path, answers: dict[str, str]) -> dict:
+    """Return the released notebook with the given solution cells (by grade id) filled in,
+    as a student's submission would be."""
+    nb = json.loads(released.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = answers[grade_id]
+    return nb

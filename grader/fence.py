@@ -3,8 +3,9 @@
 Two layers:
 - the operating system, where it allows: the child gets its own network namespace (no
   network at all) and mount namespace (the hidden checks, the reference solutions, the
-  mistake catalogue and the repository's history are covered by empty folders), runs as
-  the user `nobody` when the grader runs as root, and keeps no capabilities;
+  mistake catalogue and the repository's history are covered by empty folders), runs
+  under a user id of its own when the grader runs as root (so it can touch neither the
+  grader's files nor another child's), and keeps no capabilities;
 - Python's audit hooks, always, inside the child: no sockets, no new processes, no reading
   of the private folders, no writing outside the child's own scratch folder.
 
@@ -12,19 +13,19 @@ The audit layer alone can be got round with ctypes; it is the fallback where the
 allows no namespaces (`describe()` says which layers are on).
 """
 
+import itertools
 import os
 import resource
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from grader.manifest import REPO, solutions_dir
-
-NOBODY = 65534
 
 
 def private_paths() -> list[Path]:
@@ -38,30 +39,49 @@ def private_paths() -> list[Path]:
     return [p.resolve() for p in folders if p.exists()]
 
 
+CHILD_UIDS = range(61000, 65000)  # one per grading child when the grader runs as root
+_next_uid = itertools.count()
+_uid_lock = threading.Lock()
+
+
+def next_child_uid() -> int:
+    """Return a user id for the next child, so that no two children share one."""
+    with _uid_lock:
+        return CHILD_UIDS[next(_next_uid) % len(CHILD_UIDS)]
+
+
 @dataclass(frozen=True)
 class Fence:
-    """How the child is started: the words before `python`, and what they enforce."""
+    """How the child is started, and what that enforces."""
 
-    prefix: tuple[str, ...]
-    as_nobody: bool
+    namespaces: str  # "" (none), "root" (made as root) or "user" (in a user namespace)
+    own_uid: bool  # the child runs under a user id of its own
     description: str
 
+    def prefix(self, uid: int | None) -> list[str]:
+        """Return the words before `python` for a child running as `uid` (if own_uid)."""
+        if not self.namespaces:
+            return []
+        script = _mask_script(uid if self.own_uid else None)
+        user = ["--user", "--map-root-user"] if self.namespaces == "user" else []
+        return ["unshare", *user, "--net", "--mount", "sh", "-c", script, "fence"]
 
-def _mask_script(drop_to_nobody: bool) -> str:
+
+def _mask_script(uid: int | None) -> str:
     """Return the shell lines run inside the new namespaces before Python starts."""
     lines = ["set -e", "mount --make-rprivate /"]
     lines += [
         f"mount -t tmpfs -o size=16k,mode=000 tmpfs {shlex.quote(str(p))}" for p in private_paths()
     ]
     drop = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
-    if drop_to_nobody:
-        drop += [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    if uid is not None:
+        drop += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     lines.append("exec " + " ".join(drop) + ' "$@"')
     return "; ".join(lines)
 
 
-def _works(prefix: list[str]) -> bool:
-    probe = [*prefix, sys.executable, "-c", "import grader.api"]
+def _works(fence: Fence) -> bool:
+    probe = [*fence.prefix(CHILD_UIDS[-1]), sys.executable, "-c", "import grader.api"]
     try:
         proc = subprocess.run(
             probe, capture_output=True, timeout=60, stdin=subprocess.DEVNULL, cwd="/"
@@ -74,35 +94,18 @@ def _works(prefix: list[str]) -> bool:
 @cache
 def choose_fence() -> Fence:
     """Return the strongest fence this machine allows (probed once per process)."""
+    none = Fence("", False, "no operating-system fence: Python's audit hooks only")
     if os.environ.get("GRADER_FENCE") == "none" or not shutil.which("unshare"):
-        return Fence((), False, "no operating-system fence: Python's audit hooks only")
-    base = ["unshare", "--net", "--mount"]
+        return none
+    masked = "own network and mount namespaces, private folders masked"
+    candidates = [Fence("user", False, f"{masked} (in a user namespace)")]
     if os.geteuid() == 0:
-        for nobody in (True, False):
-            prefix = [*base, "sh", "-c", _mask_script(nobody), "fence"]
-            if _works(prefix):
-                who = "runs as nobody" if nobody else "runs as root without capabilities"
-                return Fence(
-                    tuple(prefix),
-                    nobody,
-                    f"own network and mount namespaces, private folders masked, {who}",
-                )
-    prefix = [
-        "unshare",
-        "--user",
-        "--map-root-user",
-        "--net",
-        "--mount",
-        "sh",
-        "-c",
-        _mask_script(False),
-        "fence",
-    ]
-    if _works(prefix):
-        return Fence(
-            tuple(prefix), False, "own user, network and mount namespaces, private folders masked"
-        )
-    return Fence((), False, "no namespaces allowed here: Python's audit hooks only")
+        candidates = [
+            Fence("root", True, f"{masked}, a user id of its own per child"),
+            Fence("root", False, f"{masked}, runs as root without capabilities"),
+            *candidates,
+        ]
+    return next((f for f in candidates if _works(f)), none)
 
 
 MAX_FILE = 256 * 2**20  # no file the child writes may grow beyond this
@@ -160,7 +163,7 @@ class Fenced(PermissionError):
 
 def install_audit_hook(scratch: Path, private: list[Path]) -> None:
     """Refuse network use, new processes, reading private folders and writing elsewhere."""
-    allowed = [scratch.resolve(), Path("/tmp"), Path("/dev")]
+    allowed = [scratch.resolve(), Path("/dev")]
 
     def under(path, roots) -> bool:
         try:

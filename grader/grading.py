@@ -29,7 +29,7 @@ import torch
 
 from dplab.devices import lab_devices
 from grader.api import Case, Check, Context
-from grader.fence import NOBODY, choose_fence, limit_process, private_paths
+from grader.fence import choose_fence, limit_process, next_child_uid, private_paths
 from grader.judge import judge_exercise
 from grader.loader import load_notebook
 from grader.manifest import Exercise, load_manifest, solutions_dir
@@ -95,6 +95,8 @@ class Collected:
     stopped: dict[str, str] = field(default_factory=dict)  # exercise -> why it did not finish
     changed: dict[str, list[str]] = field(default_factory=dict)  # exercise -> tampered names
     notes: dict[str, list[str]] = field(default_factory=dict)  # notebook -> loading notes
+    skip: dict[str, list[list[int]]] = field(default_factory=dict)  # notebook -> [cell, line]
+    skip_notes: dict[str, list[str]] = field(default_factory=dict)  # why they were skipped
 
 
 def describe_exit(code: int) -> str:
@@ -155,6 +157,7 @@ def _child_environment(scratch: Path, threads: int) -> dict[str, str]:
         HOME=str(scratch),
         PYTHONDONTWRITEBYTECODE="1",
         OMP_NUM_THREADS=str(threads),
+        TMPDIR=str(scratch / "tmp"),
     )
     return env
 
@@ -168,7 +171,13 @@ def _run_child(
     scratch: Path,
     collected: Collected,
 ) -> tuple[str, str]:
-    """Run one child on `plans`; return (exercise it was on when it stopped, why), or ("", "")."""
+    """Run one child on `plans`; return what it was on when it stopped early, and why.
+
+    What it was on is `case:EXERCISE:CASE` when a case was running, `exercise:EXERCISE`
+    between two cases, `statement:NOTEBOOK:CELL:LINE` while a top-level statement of a
+    notebook ran, `notebook:NOTEBOOK` while loading one before any statement, or "" when
+    it was between exercises (or done).
+    """
     fence = choose_fence()
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
@@ -181,6 +190,7 @@ def _run_child(
         "scratch": str(scratch),
         "private": [str(p) for p in private_paths()],
         "check_seconds": limits.check_seconds,
+        "skip": collected.skip,
         "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
         "exercises": [
             [ex, [[name, list(case.origin), args] for name, case, args in plan]]
@@ -189,12 +199,14 @@ def _run_child(
     }
     request_path = scratch / f"request-{nonce[:8]}.pt"
     torch.save(request, request_path)
-    if fence.as_nobody:
-        os.chown(request_path, NOBODY, NOBODY)
+    uid = next_child_uid() if fence.own_uid else None
+    if uid is not None:  # the scratch folder becomes this child's alone
+        for p in [scratch, *scratch.rglob("*")]:
+            os.chown(p, uid, uid)
     log = open(scratch / "child.log", "ab")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
-            *fence.prefix,
+            *fence.prefix(uid),
             sys.executable,
             "-X",
             "faulthandler",
@@ -220,6 +232,8 @@ def _run_child(
     reader = FrameReader(nonce)
     current, started, reason = "", time.monotonic(), ""
     loading: str = ""
+    statement: tuple[int, int] | None = None
+    running_case = ""
     try:
         while True:
             ready, _, _ = select.select([read_fd], [], [], 0.2)
@@ -228,18 +242,24 @@ def _run_child(
                 kind = frame["kind"]
                 if kind == "loading":
                     loading, started = frame["notebook"], time.monotonic()
+                elif kind == "statement":
+                    statement = (int(frame["cell"]), int(frame["line"]))
                 elif kind == "loaded":
                     loading = ""
                     collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
                 elif kind == "case-start":
                     if frame["exercise"] != current:
                         current, started = frame["exercise"], time.monotonic()
+                    running_case = frame["case"]
                 elif kind == "case":
+                    running_case = ""
                     collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame[
                         "outcome"
                     ]
                 elif kind == "exercise-done":
                     collected.changed[frame["exercise"]] = list(frame.get("changed", []))
+                    if frame.get("unloadable"):
+                        collected.stopped[frame["exercise"]] = str(frame["unloadable"])
                     current = ""
             if reader.broken:
                 reason = reader.broken
@@ -260,9 +280,15 @@ def _run_child(
         log.close()
     if not reason and (current or loading or code != 0):
         reason = f"the grading process {describe_exit(code)}"
+    if loading and statement is not None:
+        return f"statement:{loading}:{statement[0]}:{statement[1]}", reason
     if loading:
         return f"notebook:{loading}", reason
-    return current, reason
+    if current and running_case:
+        return f"case:{current}:{running_case}", reason
+    if current:
+        return f"exercise:{current}", reason
+    return "", reason
 
 
 def run_isolated(
@@ -277,33 +303,45 @@ def run_isolated(
         (scratch / "submission").mkdir()
         for name, path in sub.notebooks.items():
             shutil.copyfile(path, scratch / "submission" / name)
-        if choose_fence().as_nobody:
-            for p in [scratch, *scratch.rglob("*")]:
-                os.chown(p, NOBODY, NOBODY)
+        scratch.chmod(0o700)
+        (scratch / "tmp").mkdir()
         while todo:
             plans = {
                 ex.id: [
                     (c.name, c, c.arguments(base.for_case(c.name)))
                     for c in unique_cases(checks[ex.id])
+                    if c.name not in collected.outcomes.get(ex.id, {})
                 ]
                 for ex in todo
             }
+            before = sum(map(len, collected.outcomes.values())) + len(collected.changed)
             culprit, reason = _run_child(sub, plans, seed, limits, threads, scratch, collected)
-            if culprit.startswith("notebook:"):
-                lost = [ex for ex in todo if ex.notebook == culprit.removeprefix("notebook:")]
-                for ex in lost:
-                    collected.stopped[ex.id] = f"while loading {ex.notebook}, {reason}"
-                todo = [ex for ex in todo if ex not in lost]
-                continue
-            finished = [ex for ex in todo if ex.id in collected.changed]
-            if culprit:
-                collected.stopped[culprit] = reason
-                finished.append(next(ex for ex in todo if ex.id == culprit))
-            elif reason or not finished:  # it stopped between exercises: the next one is lost
-                nxt = next(ex for ex in todo if ex not in finished)
-                collected.stopped[nxt.id] = reason or "the grading process ended without a report"
-                finished.append(nxt)
-            todo = [ex for ex in todo if ex not in finished]
+            kind, _, where = culprit.partition(":")
+            if kind == "statement":  # skip that statement and load the notebook again
+                notebook, cell, line = where.rsplit(":", 2)
+                collected.skip.setdefault(notebook, []).append([int(cell), int(line)])
+                collected.skip_notes.setdefault(notebook, []).append(
+                    f"code cell {cell}, line {line}: skipped, because {reason} while running it"
+                )
+            elif kind == "notebook":
+                for ex in todo:
+                    if ex.notebook == where:
+                        collected.stopped[ex.id] = f"while loading {ex.notebook}, {reason}"
+            elif kind == "case":  # that case gets the reason; the exercise goes on without it
+                exercise, case_name = where.split(":", 1)
+                collected.outcomes.setdefault(exercise, {})[case_name] = {"stopped": reason}
+            elif kind == "exercise" or reason:
+                exercise = where or next(ex.id for ex in todo if ex.id not in collected.changed)
+                collected.stopped[exercise] = reason
+            progress = sum(map(len, collected.outcomes.values())) + len(collected.changed)
+            if kind != "statement" and progress == before and not reason:
+                stuck = next(ex for ex in todo if ex.id not in collected.changed)
+                collected.stopped[stuck.id] = "the grading process ended without a report"
+            todo = [
+                ex
+                for ex in todo
+                if ex.id not in collected.changed and ex.id not in collected.stopped
+            ]
     return collected
 
 
@@ -357,7 +395,8 @@ def grade_submission(
         judge_one(ex, checks[ex.id], sub, collected, sub_seed, hidden) for ex in sub.exercises
     ]
     notes = list(sub.notes)
-    for name, items in collected.notes.items():
+    for name in sorted(set(collected.notes) | set(collected.skip_notes)):
+        items = collected.skip_notes.get(name, []) + collected.notes.get(name, [])
         notes += [f"{name}: {item}" for item in items]
     return submission_result(sub.id, str(sub.path), results, notes)
 

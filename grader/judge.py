@@ -8,10 +8,26 @@ from grader.runner import Raised
 from grader.transport import unpack
 
 Diagnose = Callable[[Raised], str | None]
+LIMIT_HINT = (
+    "The grading process running this check stopped (a time limit, the memory limit, a "
+    "crash or an exit): look for an endless loop, a huge tensor, os._exit or ctypes."
+)
+
+
+def out_of_memory(raised: Raised) -> bool:
+    """Return True for an allocation refused by the memory limit."""
+    return raised.type == "MemoryError" or "can't allocate memory" in raised.message
 
 
 def common_hint(raised: Raised, function: str) -> str | None:
     """Return the hint for errors that any exercise can meet."""
+    if raised.type == "TimeLimit":
+        return "Look for a loop that never ends, or work far bigger than the check needs."
+    if out_of_memory(raised):
+        return (
+            "The code asked for more memory than a grading process may use; the checks "
+            "need only small tensors, so look for a size that grows out of hand."
+        )
     if raised.type == "NotImplementedError":
         return (
             f"Replace `raise NotImplementedError` in `{function}` with your code, then check again."
@@ -34,6 +50,10 @@ def error_message(raised: Raised, function: str) -> str:
         return f"`{function}` is not written yet: it still raises NotImplementedError"
     if raised.type == "MissingFunction":
         return raised.message
+    if raised.type == "TimeLimit":
+        return f"`{function}` was stopped: {raised.message}"
+    if out_of_memory(raised):
+        return f"`{function}` hit the memory limit of the grading process ({raised.message[:160]})"
     where = f" ({raised.where})" if raised.where else ""
     return f"calling `{function}` raised {raised.type}: {raised.message}{where}"
 
@@ -59,6 +79,8 @@ def judge_check(
     for before in check.after:
         if not verdicts.get(before, False):
             return failed(f"not judged until `{before}` passes", f"Fix `{before}` first.")
+    if "stopped" in outcome:
+        return failed(str(outcome["stopped"]), LIMIT_HINT)
     if "error" in outcome:
         raised = Raised.from_data(outcome["error"])
         hint = common_hint(raised, function) or diagnose(raised)

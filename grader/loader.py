@@ -17,6 +17,7 @@ import json
 import linecache
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,10 +113,14 @@ def load_notebook(
     skip_calls: frozenset[str] = frozenset(),
     module_name: str | None = None,
     statement_seconds: float | None = None,
+    skip_statements: frozenset[tuple[int, int]] = frozenset(),
+    before_statement: Callable[[int, int], None] | None = None,
 ) -> Loaded:
     """Run the notebook's definitions into a fresh module namespace; see the module docstring.
 
-    `statement_seconds` limits each top-level statement (None: no limit).
+    `statement_seconds` limits each top-level statement (None: no limit); the statements at
+    `skip_statements` (code cell, line) are not run; `before_statement(cell, line)` is
+    called before each statement runs.
     """
     path = Path(path)
     install_d2l_alias()
@@ -140,6 +145,10 @@ def load_notebook(
             )
             continue
         for statement in tree.body:
+            if (number, statement.lineno) in skip_statements:
+                continue
+            if before_statement is not None:
+                before_statement(number, statement.lineno)
             _run_statement(statement, filename, number, skip_calls, loaded, statement_seconds)
     return loaded
 

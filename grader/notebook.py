@@ -5,7 +5,10 @@ each check with its hint. The cell's value is the points earned, which is how nb
 reads partial credit from an autograded cell.
 """
 
+import contextlib
+import io
 import os
+import warnings
 from collections.abc import Callable
 
 from dplab.devices import lab_devices
@@ -54,13 +57,19 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     ex = load_manifest().exercise(exercise_id)
     namespace = _namespace(ex, function)
     current = namespace.get(ex.function)
-    if hidden:
-        before = _public.get(ex.id)
-        public = before[1] if before and before[0] is current else _run(ex, namespace, False)
-        results = public + _run(ex, namespace, True)
-    else:
-        results = _run(ex, namespace, False)
-        _public[ex.id] = (current, results)
+    # nbgrader gives no points to a cell that writes to stderr, so nothing may reach it.
+    stray = io.StringIO()
+    with contextlib.redirect_stderr(stray), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if hidden:
+            before = _public.get(ex.id)
+            public = before[1] if before and before[0] is current else _run(ex, namespace, False)
+            results = public + _run(ex, namespace, True)
+        else:
+            results = _run(ex, namespace, False)
+            _public[ex.id] = (current, results)
     result = exercise_result(ex.id, results)
     print(render_exercise(result, ex.title))
+    if stray.getvalue().strip():
+        print("(printed to stderr while checking:)\n" + stray.getvalue().strip()[-2000:])
     return float(result.score)

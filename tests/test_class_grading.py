@@ -1,0 +1,180 @@
+"""Grading a class: exports in their formats, progress, resuming, and nothing lost on Ctrl-C."""
+
+import csv
+import io
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import jsonschema
+import pytest
+
+from grader.batch import Progress
+from grader.exports import summary_table
+from grader.manifest import REPO, load_manifest
+from grader.report import SubmissionResult, read_json
+from tests.conftest import EXERCISES, SOLUTIONS, python
+
+MANIFEST = load_manifest()
+SCHEMA = json.loads((REPO / "tests" / "schemas" / "gradescope-results.schema.json").read_text())
+FAST = ["-e", "try_gpu", "-e", "try_all_gpus"]  # two quick exercises keep these tests short
+
+
+def make_class(root, names):
+    for i, name in enumerate(names):
+        source = SOLUTIONS if i % 2 == 0 else EXERCISES
+        shutil.copytree(source, root / name / MANIFEST.assignment)
+    return root
+
+
+def grade(*args, **kwargs):
+    return subprocess.run(
+        [python(), "-m", "grader", "grade", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exports")
+    make_class(root / "submitted", ["ann", "ben"])
+    proc = grade(
+        str(root / "submitted"),
+        "--json",
+        str(root / "r.json"),
+        "--csv",
+        str(root / "grades.csv"),
+        "--gradescope",
+        str(root / "gs"),
+        "--jobs",
+        "2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    return root, proc
+
+
+def test_gradescope_files_follow_the_documented_fields(exported):
+    root, _ = exported
+    for student in ("ann", "ben"):
+        data = json.loads((root / "gs" / student / "results.json").read_text())
+        jsonschema.validate(data, SCHEMA)
+        assert data["score"] == sum(t["score"] for t in data["tests"])
+
+
+def test_hidden_checks_are_hidden_on_gradescope(exported):
+    root, _ = exported
+    tests = json.loads((root / "gs" / "ann" / "results.json").read_text())["tests"]
+    hidden = {t["name"] for t in tests if t["visibility"] == "hidden"}
+    assert "allreduce: matches_the_reference_on_random_lists" in hidden
+    assert "allreduce: book_demo_gives_threes_on_both_devices" not in hidden
+
+
+def test_the_csv_gradebook_has_a_row_per_student_and_a_column_per_exercise(exported):
+    root, _ = exported
+    rows = list(csv.reader((root / "grades.csv").open(newline="")))
+    assert rows[0] == ["student", *(ex.id for ex in MANIFEST.exercises), "total", "max_score"]
+    table = {row[0]: row for row in rows[1:]}
+    assert table["ann"][-2:] == [f"{MANIFEST.max_score:g}"] * 2
+    assert table["ben"][-2] == "0"
+
+
+def test_the_run_ends_with_a_summary_table(exported):
+    _, proc = exported
+    assert "exercise            mean  max  full marks" in proc.stdout
+    assert "allreduce            5.5   11         1/2" in proc.stdout
+
+
+def test_one_complete_submission_grades_within_20_seconds(exported):
+    root, _ = exported
+    ann = next(r for r in read_json(root / "r.json") if r.id == "ann")
+    assert ann.score == MANIFEST.max_score
+    assert ann.seconds < 20, f"grading took {ann.seconds:.1f} s"
+
+
+def test_a_rerun_skips_what_is_graded_and_regrades_what_changed(tmp_path):
+    make_class(tmp_path / "submitted", ["ann", "ben"])
+    report = tmp_path / "r.json"
+    assert grade(str(tmp_path / "submitted"), "--json", str(report), *FAST).returncode == 0
+    first = {r.id: r for r in read_json(report)}
+    notebook = tmp_path / "submitted" / "ben" / MANIFEST.assignment / "from_scratch.ipynb"
+    notebook.write_text((SOLUTIONS / "from_scratch.ipynb").read_text())
+    assert grade(str(tmp_path / "submitted"), "--json", str(report), *FAST).returncode == 0
+    second = {r.id: r for r in read_json(report)}
+    assert second["ann"] == first["ann"]  # untouched: not graded again
+    assert second["ben"].score == 6 and first["ben"].score == 0  # changed: graded again
+    assert (
+        grade(str(tmp_path / "submitted"), "--json", str(report), *FAST, "--regrade").returncode
+        == 0
+    )
+    assert {r.id: r for r in read_json(report)}["ann"].seconds != first["ann"].seconds
+
+
+def test_an_interrupted_run_keeps_every_finished_submission(tmp_path):
+    names = [f"s{i}" for i in range(6)]
+    make_class(tmp_path / "submitted", names)
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [
+            python(),
+            "-m",
+            "grader",
+            "grade",
+            str(tmp_path / "submitted"),
+            "--json",
+            str(report),
+            *FAST,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(read_json(report)) < 2:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    kept = read_json(report)
+    assert 2 <= len(kept) < len(names)
+    done = {r.id for r in kept}
+    rest = grade(str(tmp_path / "submitted"), "--json", str(report), *FAST)
+    assert rest.returncode == 0
+    final = {r.id: r for r in read_json(report)}
+    assert set(final) == set(names)
+    assert all(final[i].seconds == next(r for r in kept if r.id == i).seconds for i in done)
+
+
+def test_progress_shows_done_running_and_left():
+    out = io.StringIO()
+    progress = Progress(5, out)
+    result = SubmissionResult("alice", "x", 3.0, 6.0)
+    progress.show(2, 2, result)
+    assert out.getvalue() == "alice: 3/6 (2/5 graded, 2 running, 1 left)\n"
+
+
+def test_progress_redraws_one_line_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    progress = Progress(4, out)
+    progress.show(1, 1)
+    progress.show(4, 0)
+    assert out.getvalue().startswith("\r[######------------------] 1/4 graded, 1 running, 2 left")
+    assert out.getvalue().endswith("4/4 graded, 0 running, 0 left\n")
+
+
+def test_summary_table_of_no_submissions():
+    assert summary_table([], MANIFEST) == "no submissions"
+
+
+def test_grade_reports_its_sandbox(exported):
+    _, proc = exported
+    assert "sandbox: " in proc.stdout.splitlines()[0]

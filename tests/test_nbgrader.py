@@ -1,0 +1,176 @@
+"""The real nbgrader workflow on a temporary course, and its agreement with `python -m grader`.
+
+generate_assignment -> submitted/ -> autograde -> generate_feedback -> export, with four
+students: the reference (alice), the stubs (bob), catalogued mistakes (carol), and a correct
+submission whose functions write warnings to stderr (dave, from-scratch notebook only).
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grader.authoring import filled_in, reference_answers
+from grader.manifest import REPO, load_manifest
+from grader.mistakes import mistakes_of
+from tests.conftest import SOLUTIONS, python
+
+MANIFEST = load_manifest()
+ASSIGNMENT = MANIFEST.assignment
+NBGRADER = str(Path(sys.executable).with_name("nbgrader"))
+
+NOISY_ALLREDUCE = '''
+import sys, warnings
+
+def allreduce(data):
+    """Sum the tensors in place, complaining on stderr as some libraries do."""
+    warnings.warn("allreduce: this loop is slow", UserWarning)
+    print("debug: summing", len(data), "tensors", file=sys.stderr)
+    total = data[0]
+    for other in data[1:]:
+        total += other.to(total.device)
+    for other in data[1:]:
+        other.copy_(total)
+'''
+
+
+def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        DPLAB_DATA_SOURCE="sample",
+        DPLAB_OFFLINE="1",
+        MPLBACKEND="Agg",
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )  # nbgrader runs alembic
+    proc = subprocess.run(
+        [NBGRADER, *args], cwd=course, capture_output=True, text=True, timeout=1800, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def mistake(exercise: str, name: str) -> str:
+    return mistakes_of(MANIFEST.exercise(exercise))[name].source
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    shutil.copy(REPO / "nbgrader_config.py", course)
+    shutil.copytree(SOLUTIONS, course / "solutions" / ASSIGNMENT)
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    released = course / "exercises" / ASSIGNMENT
+    submissions = {
+        "alice": {nb: reference_answers(nb) for nb in MANIFEST.notebooks},
+        "bob": {nb: {} for nb in MANIFEST.notebooks},
+        "carol": {
+            "from_scratch.ipynb": {
+                **reference_answers("from_scratch.ipynb"),
+                "allreduce-solution": mistake("allreduce", "rebinds_list_entries"),
+                "train_loop-solution": mistake("train_loop", "swapped_loops"),
+            },
+            "concise.ipynb": {
+                **reference_answers("concise.ipynb"),
+                "resnet18-solution": mistake("resnet18", "original_imagenet_stem"),
+            },
+        },
+        "dave": {
+            "from_scratch.ipynb": {
+                **reference_answers("from_scratch.ipynb"),
+                "allreduce-solution": NOISY_ALLREDUCE,
+            }
+        },
+    }
+    for student, notebooks in submissions.items():
+        folder = course / "submitted" / student / ASSIGNMENT
+        folder.mkdir(parents=True)
+        for name, answers in notebooks.items():
+            (folder / name).write_text(json.dumps(filled_in(released / name, answers)))
+    nbgrader(course, "autograde", ASSIGNMENT, "--force")
+    nbgrader(course, "generate_feedback", ASSIGNMENT, "--force")
+    nbgrader(course, "export")
+    out = course / "grader.json"
+    proc = subprocess.run(
+        [
+            python(),
+            "-m",
+            "grader",
+            "grade",
+            str(course / "submitted"),
+            "--jobs",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return course, {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
+
+
+def gradebook_scores(course: Path) -> dict[str, dict[str, float]]:
+    """Return nbgrader's score of every exercise's check cell, per student."""
+    from nbgrader.api import Gradebook
+
+    scores: dict[str, dict[str, float]] = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for ex in MANIFEST.exercises:
+            for student in ("alice", "bob", "carol", "dave"):
+                try:
+                    grade = gb.find_grade(
+                        f"{ex.id}-checks", Path(ex.notebook).stem, ASSIGNMENT, student
+                    )
+                    value = grade.score
+                except Exception:  # the notebook was not submitted
+                    value = 0.0
+                scores.setdefault(student, {})[ex.id] = float(value)
+    return scores
+
+
+@pytest.mark.slow
+def test_gradebook_agrees_with_the_grader_exercise_by_exercise(course):
+    path, graded = course
+    book = gradebook_scores(path)
+    for student, per_exercise in book.items():
+        ours = {e["name"]: e["score"] for e in graded[student]["exercises"]}
+        assert per_exercise == ours, student
+
+
+@pytest.mark.slow
+def test_the_reference_gets_full_marks_and_the_stubs_none(course):
+    path, graded = course
+    rows = {row["student_id"]: row for row in csv.DictReader((path / "grades.csv").open())}
+    assert float(rows["alice"]["score"]) == float(rows["alice"]["max_score"]) == MANIFEST.max_score
+    assert float(rows["bob"]["score"]) == 0
+    assert graded["alice"]["score"] == MANIFEST.max_score and graded["bob"]["score"] == 0
+
+
+@pytest.mark.slow
+def test_catalogued_mistakes_lose_their_points_in_both(course):
+    _, graded = course
+    carol = {e["name"]: e["score"] for e in graded["carol"]["exercises"]}
+    assert carol["allreduce"] < 11 and carol["train_loop"] < 9 and carol["resnet18"] < 8
+    assert carol["get_params"] == 11
+
+
+@pytest.mark.slow
+def test_feedback_shows_the_hints(course):
+    path, _ = course
+    html = (path / "feedback" / "carol" / ASSIGNMENT / "from_scratch.html").read_text()
+    assert "only makes the list point at a new tensor" in html
+    assert "The loops are swapped" in html
+
+
+@pytest.mark.slow
+def test_harmless_stderr_output_does_not_zero_a_correct_cell(course):
+    path, graded = course
+    assert gradebook_scores(path)["dave"]["allreduce"] == 11
+    dave = {e["name"]: e["score"] for e in graded["dave"]["exercises"]}
+    assert dave["allreduce"] == 11
