@@ -88,3 +88,14 @@ def filled_in(released: Path, answers: dict[str, str]) -> dict:
         if grade_id in answers:
             cell["source"] = answers[grade_id]
     return nb
+
+
+def hidden_parts(notebook: str, folder: Path | None = None) -> dict[str, str]:
+    """Return, per solution cell, only the code between the solution markers: what the
+    released notebook replaces with a stub."""
+    parts = {}
+    for grade_id, cell in cells_by_grade_id((folder or solutions_dir()) / notebook).items():
+        source = "".join(cell["source"])
+        if cell["metadata"]["nbgrader"].get("solution") and SOLUTION_MARKERS[0] in source:
+            parts[grade_id] = source.split(SOLUTION_MARKERS[0])[1].split(SOLUTION_MARKERS[1])[0]
+    return parts

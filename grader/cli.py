@@ -206,7 +206,15 @@ def main(argv: list[str] | None = None) -> int:
             print(exercise_table())
             return 0
         if args.command == "mistakes":
-            print(mistake_table(args.exercise))
+            try:
+                print(mistake_table(args.exercise))
+            except ModuleNotFoundError:
+                print(
+                    "error: the catalogue of mistakes is not installed here; it stays on the "
+                    "instructor's side",
+                    file=sys.stderr,
+                )
+                return 2
             return 0
         if args.command == "sync":
             from grader.authoring import problems, sync_points

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.authoring import cells_by_grade_id, problems
+from grader.authoring import cells_by_grade_id, hidden_parts, problems
 from grader.manifest import REPO, load_manifest
 from grader.registry import exercise_checks
 from tests.conftest import EXERCISES, SOLUTIONS
@@ -57,8 +57,7 @@ def test_released_notebooks_hold_no_solution_and_no_hidden_check(notebook):
         for line in "".join(c["source"]).splitlines()
     ]
     for ex in MANIFEST.in_notebook(notebook):
-        source = "".join(cells_by_grade_id(SOLUTIONS / notebook)[f"{ex.id}-solution"]["source"])
-        answer = source.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+        answer = hidden_parts(notebook)[f"{ex.id}-solution"]
         for line in answer.splitlines():
             if len(line.strip()) > 12:
                 assert line.strip() not in released, f"{ex.id}: the release shows {line.strip()!r}"

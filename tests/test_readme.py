@@ -33,13 +33,17 @@ def walkthroughs() -> dict[str, list[tuple[str, list[str]]]]:
 def checkout(tmp_path_factory) -> Path:
     """A copy of the lab's files, with `work/` as `make lab` leaves it on first start."""
     root = tmp_path_factory.mktemp("checkout")
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    if (REPO / ".git").is_dir():
+        listed = ["git", "ls-files", "-co", "--exclude-standard"]
+        files = subprocess.run(listed, cwd=REPO, capture_output=True, text=True, check=True)
+        files = files.stdout.split()
+    else:  # inside the container image, which has no .git
+        skip = {".venv", "work", "class", "results", "__pycache__", ".pytest_cache"}
+        files = [
+            str(p.relative_to(REPO))
+            for p in REPO.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(REPO).parts)
+        ]
     for name in files:
         if (REPO / name).is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,289 @@
+"""The container files, checked without a Docker engine: schema, lint, and what each image holds."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grader.authoring import hidden_parts
+from grader.manifest import REPO, load_manifest
+from tests.test_lab import TOKEN, Lab, free_port
+
+BIN = Path(sys.executable).parent
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+
+
+# ---- a small reading of the Dockerfile and .dockerignore -----------------------------------
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """Return (INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    joined, current = [], ""
+    for line in path.read_text().splitlines():
+        if line.strip().startswith("#") and not current:
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            if current.strip():
+                word, _, rest = current.strip().partition(" ")
+                joined.append((word.upper(), rest.strip()))
+            current = ""
+    return joined
+
+
+def stages() -> dict[str, dict]:
+    """Return each stage's parent stage and COPY instructions."""
+    found: dict[str, dict] = {}
+    name = ""
+    for word, rest in instructions(DOCKERFILE):
+        if word == "FROM":
+            parts = rest.split()
+            name = parts[-1] if len(parts) >= 3 and parts[-2].upper() == "AS" else parts[0]
+            found[name] = {
+                "parent": parts[0],
+                "copies": [],
+                "cmd": None,
+                "health": None,
+                "user": None,
+            }
+        elif word == "COPY":
+            args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+            args = [a for a in args if not a.startswith("--")]
+            found[name]["copies"].append((args[:-1], args[-1]))
+        elif word == "CMD":
+            found[name]["cmd"] = rest
+        elif word == "HEALTHCHECK":
+            found[name]["health"] = rest
+        elif word == "USER":
+            found[name]["user"] = rest
+    return found
+
+
+def glob_regex(pattern: str) -> str:
+    """Translate a Docker path pattern: `*` and `?` stay within one folder, `**` crosses them."""
+    regex = re.escape(pattern).replace(r"\*\*", "\0").replace(r"\*", "[^/]*")
+    return regex.replace(r"\?", "[^/]").replace("\0", ".*")
+
+
+def ignored(relative: str, patterns: list[str]) -> bool:
+    """Return True when .dockerignore keeps this path (or a folder above it) out."""
+    parts = relative.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        if any(re.fullmatch(glob_regex(pattern), p) for p in prefixes):
+            return True
+    return False
+
+
+def image_files(stage: str) -> set[str]:
+    """Return the repository files that the stage (with its parents) copies into the image."""
+    patterns = [
+        p.strip()
+        for p in (REPO / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+    context = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
+    context = [p for p in context if not ignored(p, patterns)]
+    all_stages = stages()
+    files: set[str] = set()
+    while stage in all_stages:
+        for sources, _ in all_stages[stage]["copies"]:
+            for source in sources:
+                source = source.rstrip("/")
+                for path in context:
+                    if (
+                        source == "."
+                        or re.fullmatch(glob_regex(source), path)
+                        or path.startswith(source + "/")
+                    ):
+                        files.add(path)
+        stage = all_stages[stage]["parent"]
+    return files
+
+
+# ---- the lab image ------------------------------------------------------------------------
+
+
+def test_the_lab_image_has_no_solution_hidden_check_or_mistake():
+    files = image_files("lab")
+    for private in ("solutions/", "grader/hidden/", "grader/mistakes/", ".git/"):
+        assert not [f for f in files if f.startswith(private)], private
+
+
+def test_the_lab_image_has_what_a_student_needs():
+    files = image_files("lab")
+    for notebook in load_manifest().notebooks:
+        assert f"exercises/{load_manifest().assignment}/{notebook}" in files
+    for needed in (
+        "dplab/devices.py",
+        "grader/manifest.toml",
+        "grader/checks/allreduce.py",
+        "grader/notebook.py",
+        "docker/start-lab",
+        "docker/lab-health",
+        "dplab/fashion_mnist_sample/train-images-idx3-ubyte.gz",
+    ):
+        assert needed in files, needed
+
+
+def test_nothing_in_the_lab_image_reproduces_a_reference_solution():
+    text = "\n".join((REPO / f).read_text(errors="ignore") for f in image_files("lab"))
+    for notebook in load_manifest().notebooks:
+        for grade_id, answer in hidden_parts(notebook).items():
+            lines = [x.strip() for x in answer.splitlines() if len(x.strip()) > 25]
+            shown = [x for x in lines if x in text]
+            assert len(shown) <= len(lines) // 3, f"{grade_id}: the lab image shows {shown}"
+
+
+def test_the_grader_image_has_everything():
+    files = image_files("grader")
+    assert "solutions/multigpu/from_scratch.ipynb" in files
+    assert "grader/hidden/allreduce.py" in files
+    assert ".venv" not in {f.split("/")[0] for f in files}
+
+
+def test_the_images_run_as_a_user_with_a_health_check_and_the_lab_start_command():
+    found = stages()
+    assert found["lab"]["user"] == found["grader"]["user"] == "1000"
+    assert found["lab"]["cmd"] == '["start-lab"]'
+    assert "lab-health" in found["lab"]["health"]
+    assert "start-lab" in (REPO / "Makefile").read_text()  # make lab starts the same command
+
+
+def test_the_dockerfile_passes_hadolint():
+    proc = subprocess.run([str(BIN / "hadolint"), str(DOCKERFILE)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_would_catch_an_unpinned_install(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\n")
+    proc = subprocess.run([str(BIN / "hadolint"), str(bad)], capture_output=True, text=True)
+    assert proc.returncode != 0 and "DL3008" in proc.stdout
+
+
+# ---- compose ------------------------------------------------------------------------------
+
+
+def check_compose(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_compose_file_follows_the_compose_specification(tmp_path):
+    assert check_compose(REPO / "docker-compose.yml").returncode == 0
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(
+        (REPO / "docker-compose.yml")
+        .read_text()
+        .replace("shm_size: 8gb  # room", "shm_size: [8gb]  # room")
+    )
+    assert check_compose(broken).returncode != 0  # the check can fail
+
+
+def gpus(service: dict) -> list[dict]:
+    return service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+@pytest.mark.parametrize("name", ["lab", "grade", "test"])
+def test_the_gpu_services_reserve_every_gpu(name):
+    assert gpus(COMPOSE["services"][name]) == [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+    ]
+    assert gpus(COMPOSE["services"][f"{name}-cpu"]) == []
+
+
+def test_the_lab_service_is_local_keeps_its_token_and_its_work():
+    lab = COMPOSE["services"]["lab"]
+    assert lab["build"]["target"] == "lab"
+    assert all(p.startswith("127.0.0.1:") for p in lab["ports"])
+    assert lab["environment"]["JUPYTER_TOKEN"] == "${JUPYTER_TOKEN:-}"
+    assert "lab-work:/home/student/work" in lab["volumes"] and "lab-work" in COMPOSE["volumes"]
+    assert lab.get("shm_size") or lab.get("ipc") == "host"
+
+
+def test_the_grade_service_grades_submissions_into_results_without_network():
+    grade = COMPOSE["services"]["grade"]
+    assert grade["build"]["target"] == "grader"
+    assert grade["network_mode"] == "none"
+    assert grade["command"][:5] == ["python", "-m", "grader", "grade", "/submissions"]
+    assert any(v.endswith(":/results") for v in grade["volumes"])
+    assert COMPOSE["services"]["test"]["command"][:3] == ["python", "-m", "pytest"]
+
+
+# ---- the container's start command and healthcheck, run natively --------------------------
+
+
+@pytest.mark.slow
+def test_the_healthcheck_passes_with_the_token_the_lab_made(tmp_path, monkeypatch):
+    monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
+    login = tmp_path / "login"
+    port = free_port()
+    env = dict(
+        os.environ,
+        LAB_PYTHON=sys.executable,
+        LAB_EXERCISES=str(REPO / "exercises"),
+        LAB_WORK=str(tmp_path / "work"),
+        LAB_PORT=str(port),
+        LAB_LOGIN_FILE=str(login),
+    )
+    env.pop("JUPYTER_TOKEN", None)
+    proc = subprocess.Popen(
+        [str(REPO / "docker" / "start-lab")],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    health = [sys.executable, str(REPO / "docker" / "lab-health")]
+    try:
+        for _ in range(180):
+            if login.exists() and subprocess.run(health, env=env).returncode == 0:
+                break
+            import time
+
+            time.sleep(0.5)
+        token = login.read_text().strip()
+        assert len(token) >= 32 and oct(login.stat().st_mode)[-3:] == "600"
+        assert subprocess.run(health, env=env).returncode == 0
+        wrong = dict(env, JUPYTER_TOKEN="wrong")
+        assert subprocess.run(health, env=wrong, capture_output=True).returncode == 1
+    finally:
+        os.killpg(proc.pid, 15)
+        out, _ = proc.communicate(timeout=30)
+    assert f"/lab?token={token}" in out
+
+
+@pytest.mark.slow
+def test_the_healthcheck_uses_a_given_token(tmp_path):
+    lab = Lab(tmp_path / "work", free_port())
+    try:
+        env = dict(os.environ, JUPYTER_TOKEN=TOKEN, LAB_PORT=str(lab.port))
+        assert (
+            subprocess.run(
+                [sys.executable, str(REPO / "docker" / "lab-health")], env=env
+            ).returncode
+            == 0
+        )
+    finally:
+        lab.stop()
+
+
+def test_every_compose_command_in_the_readme_names_a_real_service():
+    readme = (REPO / "README.md").read_text()
+    named = re.findall(r"docker compose (?:up|run --rm|cp) ([a-z-]+)", readme)
+    assert {"lab", "lab-cpu", "grade", "grade-cpu", "test", "test-cpu"} <= set(named)
+    assert set(named) <= set(COMPOSE["services"])
+    assert "start-lab: open http://127.0.0.1:8888/lab?token=" in readme
