@@ -11,6 +11,7 @@ from dplab.data import (
     load_data_fashion_mnist_book,
 )
 from dplab.devices import (
+    device_count,
     lab_devices,
     num_gpus,
     scatter,
@@ -29,6 +30,7 @@ __all__ = [
     "Residual",
     "Timer",
     "accuracy",
+    "device_count",
     "evaluate_accuracy_gpu",
     "get_fashion_mnist_labels",
     "lab_devices",

@@ -1,14 +1,27 @@
-"""Which devices the lab trains on, and device-agnostic stand-ins for CUDA-only calls.
+"""Which devices the lab trains on: real GPUs, or stand-ins when there are too few.
 
 The book's multi-GPU code wants at least two GPUs. Most students have none or one, so the
-lab hands out *stand-in* devices when real ones run out. Every choice of device in the lab
-goes through `lab_device`, so this file is the one place that decides.
+lab hands out *stand-in* devices, `sim:0`, `sim:1`, ... (see dplab.sim): distinct devices
+that compute on the CPU, or on the one GPU, and fail as real GPUs do when code mixes them.
+Every choice of device in the lab goes through `lab_device`, so this file is the one place
+that decides. Two environment variables change the choice:
+
+    DPLAB_DEVICES    auto (default): two or more GPUs are used as they are; with fewer,
+                     stand-ins. real: GPUs only, and the CPU where a GPU is missing (the
+                     book's behaviour). stand-in: stand-ins even with GPUs. cpu: everything
+                     on the CPU, the same device repeated.
+    DPLAB_STAND_INS  how many stand-ins there are (default 2).
 """
+
+import os
 
 import torch
 from torch import Tensor
 
-_told_about_stand_ins = False
+from dplab import sim
+
+MODES = ("auto", "real", "stand-in", "cpu")
+_told: set[str] = set()
 
 
 def num_gpus() -> int:
@@ -16,71 +29,109 @@ def num_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def stand_in_device() -> torch.device:
-    """Return the device that backs stand-ins: the one GPU if there is one, else the CPU."""
-    return torch.device("cuda:0") if num_gpus() > 0 else torch.device("cpu")
+def device_mode() -> str:
+    """Return how the lab picks devices (see the module docstring)."""
+    mode = os.environ.get("DPLAB_DEVICES", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"DPLAB_DEVICES must be one of {', '.join(MODES)}, not {mode!r}")
+    return mode
 
 
-def _tell_about_stand_ins() -> None:
-    global _told_about_stand_ins
-    if _told_about_stand_ins:
-        return
-    _told_about_stand_ins = True
-    count = num_gpus()
-    backing = stand_in_device()
-    have = "no GPU" if count == 0 else f"only {count} GPU" + ("s" if count > 1 else "")
-    print(
-        f"dplab: this machine has {have}, so devices numbered {count} and up are stand-ins "
-        f"that all compute on {backing}. The multi-device code runs and gives the same "
-        "numbers as on real GPUs, but it is not faster."
-    )
+def stand_in_count() -> int:
+    """Return how many stand-in devices the lab offers (DPLAB_STAND_INS, default 2)."""
+    value = os.environ.get("DPLAB_STAND_INS", "2")
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"DPLAB_STAND_INS must be a whole number, not {value!r}") from None
+    if count < 1:
+        raise ValueError(f"DPLAB_STAND_INS must be at least 1, not {count}")
+    return count
+
+
+def using_stand_ins() -> bool:
+    """Return True when the lab's devices are stand-ins."""
+    mode = device_mode()
+    return mode == "stand-in" or (mode == "auto" and num_gpus() < 2)
+
+
+def _tell(message: str) -> None:
+    if message not in _told:
+        _told.add(message)
+        print(message)
+
+
+def device_count() -> int:
+    """Return how many devices the lab trains on by default: every GPU when there are two
+    or more, otherwise the number of stand-ins."""
+    if device_mode() == "cpu":
+        return stand_in_count()
+    return stand_in_count() if using_stand_ins() else max(1, num_gpus())
 
 
 def lab_device(i: int = 0) -> torch.device:
-    """Return device number `i` for the lab: GPU `i` if it exists, else a stand-in."""
+    """Return device number `i` for the lab (see the module docstring)."""
     if i < 0:
         raise ValueError(f"device numbers start at 0, got {i}")
-    if i < num_gpus():
-        return torch.device(f"cuda:{i}")
-    _tell_about_stand_ins()
-    return stand_in_device()
+    mode = device_mode()
+    if mode == "cpu":
+        _tell("dplab: DPLAB_DEVICES=cpu, so every device is the CPU.")
+        return torch.device("cpu")
+    if not using_stand_ins():
+        return torch.device(f"cuda:{i}") if i < num_gpus() else torch.device("cpu")
+    count = max(stand_in_count(), i + 1)
+    sim.enable(count)
+    backing = sim.backing_device()
+    have = "no GPU" if num_gpus() == 0 else f"{num_gpus()} GPU" + ("s" if num_gpus() > 1 else "")
+    _tell(
+        f"dplab: this machine has {have}, so the lab gives you stand-in devices sim:0, "
+        f"sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
+        "real GPUs, and the numbers come out the same; only the speed differs."
+    )
+    return torch.device("sim", i)
 
 
 def lab_devices(n: int = 2) -> list[torch.device]:
-    """Return `n` devices to train on: real GPUs while they last, then stand-ins."""
+    """Return `n` devices to train on."""
     if n < 1:
         raise ValueError(f"ask for at least one device, got {n}")
     return [lab_device(i) for i in range(n)]
 
 
 def try_gpu(i: int = 0) -> torch.device:
-    """Return GPU `i` if it exists; otherwise the lab's stand-in device."""
+    """Return GPU `i` if it exists; otherwise the lab's device `i` (a stand-in, or the CPU)."""
     return lab_device(i)
 
 
 def try_all_gpus() -> list[torch.device]:
-    """Return every GPU, or `[cpu]` when there is none."""
-    gpus = [torch.device(f"cuda:{i}") for i in range(num_gpus())]
+    """Return every GPU; with stand-ins, every stand-in; else `[cpu]`."""
+    if device_mode() != "cpu" and using_stand_ins():
+        return lab_devices(stand_in_count())
+    gpus = [torch.device(f"cuda:{i}") for i in range(num_gpus())] if device_mode() != "cpu" else []
     return gpus if gpus else [torch.device("cpu")]
 
 
 def scatter(tensor: Tensor, devices: list[torch.device]) -> tuple[Tensor, ...]:
     """Split `tensor` along dim 0 as `nn.parallel.scatter` does, on any kind of device.
 
-    `nn.parallel.scatter` accepts CUDA devices only; this one also takes the CPU and
-    repeated devices. Shard sizes follow `torch.chunk`, so 5 rows over 2 devices give 3 and 2.
+    `nn.parallel.scatter` itself needs CUDA devices (or the lab's stand-ins); this one also
+    takes the CPU and repeated devices. Shard sizes follow `torch.chunk`, so 5 rows over 2
+    devices give 3 and 2.
     """
     chunks = torch.chunk(tensor, len(devices), dim=0)
     return tuple(chunk.to(device) for chunk, device in zip(chunks, devices, strict=False))
 
 
 def synchronize(devices: torch.device | list[torch.device] | None = None) -> None:
-    """Wait for queued work on the given CUDA devices; a no-op for other devices."""
+    """Wait for queued work on the given GPUs (stand-ins wait for the GPU behind them)."""
     if not torch.cuda.is_available():
         return
     if devices is None:
         torch.cuda.synchronize()
         return
     for device in devices if isinstance(devices, list | tuple) else [devices]:
-        if torch.device(device).type == "cuda":
+        device = torch.device(device)
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
+        elif sim.is_stand_in(device) and sim.backing_device().type == "cuda":
+            torch.cuda.synchronize(sim.backing_device())

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dplab.sim import backing
+
 _TENSOR, _DEVICE, _TUPLE, _OTHER = "__tensor__", "__device__", "__tuple__", "__other__"
 MAX_DEPTH = 12
 
@@ -47,7 +49,7 @@ class Other:
 
 
 def _pack_tensor(t: Tensor, with_grad: bool = True) -> dict:
-    plain = t.detach()
+    plain = backing(t.detach())  # a stand-in tensor's data lives in its backing tensor
     if type(plain) is not Tensor:
         plain = plain.as_subclass(Tensor)
     grad = None

@@ -5,6 +5,7 @@ import time
 
 import nbformat
 import pytest
+import torch
 from nbclient import NotebookClient
 
 from grader.manifest import load_manifest
@@ -13,10 +14,15 @@ from tests.conftest import EXERCISES, SOLUTIONS
 MANIFEST = load_manifest()
 
 
-def execute(path, tmp_path, allow_errors=False):
+def execute(path, tmp_path, allow_errors=False, stand_ins=2):
     """Run a copy of the notebook in a fresh kernel; return it with its outputs."""
     nb = nbformat.read(path, as_version=4)
-    env = {"DPLAB_DATA_SOURCE": "sample", "DPLAB_OFFLINE": "1", "DPLAB_FIGURE_DIR": str(tmp_path)}
+    env = {
+        "DPLAB_DATA_SOURCE": "sample",
+        "DPLAB_OFFLINE": "1",
+        "DPLAB_FIGURE_DIR": str(tmp_path),
+        "DPLAB_STAND_INS": str(stand_ins),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -80,20 +86,22 @@ def test_from_scratch_runs_within_minutes_and_shows_the_books_demos(scratch):
     nb, seconds = scratch
     assert seconds < 300
     outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
-    assert "after allreduce:\n tensor([[3., 3.]]) \n tensor([[3., 3.]])" in outputs
+    on_gpus = torch.cuda.device_count() >= 2
+    d0, d1 = ("cuda:0", "cuda:1") if on_gpus else ("sim:0", "sim:1")
+    assert (
+        f"after allreduce:\n tensor([[3., 3.]], device='{d0}') \n tensor([[3., 3.]], device='{d1}')"
+    ) in outputs
     assert "b1 grad: None" in outputs
     assert (
         "tensor([0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.]"
         in outputs
     )
     assert (
-        "output: (tensor([[0, 1, 2, 3, 4],\n        [5, 6, 7, 8, 9]]), tensor([[10, 11, 12, 13, 14],\n        [15, 16, 17, 18, 19]]))"
-        in outputs
+        "output: (tensor([[0, 1, 2, 3, 4],\n        [5, 6, 7, 8, 9]], "
+        f"device='{d0}'), tensor([[10, 11, 12, 13, 14],\n        [15, 16, 17, 18, 19]], "
+        f"device='{d1}'))" in outputs
     )
-    assert (
-        "test acc: " in outputs
-        and "sec/epoch on [device(type='cpu'), device(type='cpu')]" in outputs
-    )
+    assert "test acc: " in outputs and "sec/epoch on [device(type=" in outputs
 
 
 @pytest.mark.slow
@@ -133,3 +141,15 @@ def test_released_stubs_score_zero_in_their_own_check_cells(notebook, tmp_path):
         assert score_of(cell) == 0.0, text_of(cell)
         assert "not written yet" in text_of(cell)
         assert not any(o["output_type"] == "error" for o in cell.outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="stand-ins are used with fewer GPUs")
+@pytest.mark.parametrize("notebook", MANIFEST.notebooks)
+def test_the_solutions_run_on_four_stand_in_devices(notebook, tmp_path):
+    nb = execute(SOLUTIONS / notebook, tmp_path, stand_ins=4)
+    outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
+    devices = ", ".join(f"device(type='sim', index={i})" for i in range(4))
+    assert f"sec/epoch on [{devices}]" in outputs
+    for exercise_id, cell in check_cells(nb).items():
+        assert score_of(cell) == MANIFEST.exercise(exercise_id).points, text_of(cell)

@@ -18,29 +18,66 @@ FULL_SET_INSTALLED = any(fm.files_in(d) for d in fm.SYSTEM_DIRS)
 # ---- devices ---------------------------------------------------------------------------
 
 
-def test_lab_devices_gives_as_many_devices_as_asked():
+def test_lab_devices_are_real_gpus_or_distinct_stand_ins():
     for n in (1, 2, 4):
         devices = lab_devices(n)
-        assert len(devices) == n
-        real = min(n, torch.cuda.device_count())
-        assert devices[:real] == [torch.device(f"cuda:{i}") for i in range(real)]
+        assert len(devices) == n and len(set(devices)) == n
+        if torch.cuda.device_count() >= 2:
+            assert all(d.type == "cuda" for d in devices)
+        else:
+            assert devices == [torch.device("sim", i) for i in range(n)]
 
 
 def test_stand_ins_are_announced_once(capsys, monkeypatch):
-    monkeypatch.setattr(dplab.devices, "_told_about_stand_ins", False)
+    monkeypatch.setattr(dplab.devices, "_told", set())
     monkeypatch.setattr(dplab.devices, "num_gpus", lambda: 0)
-    assert try_gpu(1) == torch.device("cpu")
+    assert try_gpu(1) == torch.device("sim:1")
     try_gpu(3)
     printed = capsys.readouterr().out
-    assert printed.count("stand-ins") == 1
+    assert printed.count("stand-in devices") == 1
     assert "this machine has no GPU" in printed
 
 
-def test_try_all_gpus_is_never_empty(monkeypatch):
-    monkeypatch.setattr(dplab.devices, "num_gpus", lambda: 0)
-    assert try_all_gpus() == [torch.device("cpu")]
-    monkeypatch.setattr(dplab.devices, "num_gpus", lambda: 3)
-    assert try_all_gpus() == [torch.device(f"cuda:{i}") for i in range(3)]
+@pytest.mark.parametrize(
+    ("mode", "gpus", "wanted"),
+    [
+        ("auto", 0, ["sim:0", "sim:1"]),
+        ("auto", 3, ["cuda:0", "cuda:1", "cuda:2"]),
+        ("real", 0, ["cpu"]),
+        ("real", 1, ["cuda:0"]),
+        ("cpu", 4, ["cpu"]),
+        ("stand-in", 4, ["sim:0", "sim:1"]),
+    ],
+)
+def test_try_all_gpus_follows_the_device_mode(monkeypatch, mode, gpus, wanted):
+    monkeypatch.setenv("DPLAB_DEVICES", mode)
+    monkeypatch.setattr(dplab.devices, "num_gpus", lambda: gpus)
+    assert [str(d) for d in try_all_gpus()] == wanted
+
+
+def test_the_number_of_stand_ins_is_the_users_choice(monkeypatch):
+    monkeypatch.setenv("DPLAB_DEVICES", "stand-in")
+    monkeypatch.setenv("DPLAB_STAND_INS", "4")
+    assert [str(d) for d in try_all_gpus()] == ["sim:0", "sim:1", "sim:2", "sim:3"]
+    assert dplab.device_count() == 4
+
+
+def test_cpu_mode_repeats_the_cpu(monkeypatch):
+    monkeypatch.setenv("DPLAB_DEVICES", "cpu")
+    assert lab_devices(2) == [torch.device("cpu")] * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("DPLAB_DEVICES", "gpus", "DPLAB_DEVICES must be one of auto, real, stand-in, cpu"),
+        ("DPLAB_STAND_INS", "two", "DPLAB_STAND_INS must be a whole number"),
+    ],
+)
+def test_bad_settings_are_explained(monkeypatch, name, value, says):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=says):
+        lab_devices(2)
 
 
 def test_scatter_splits_like_torch_chunk_on_any_device():
@@ -50,9 +87,7 @@ def test_scatter_splits_like_torch_chunk_on_any_device():
     assert torch.equal(torch.cat(shards), X)
 
 
-def test_book_scatter_needs_cuda_which_is_why_the_lab_has_its_own():
-    if torch.cuda.is_available():
-        pytest.skip("with CUDA the book's scatter works")
+def test_book_scatter_refuses_the_cpu_which_is_why_the_lab_has_its_own():
     with pytest.raises(ValueError, match="Expected a non cpu device"):
         nn.parallel.scatter(torch.arange(4), [torch.device("cpu")] * 2)
 

@@ -69,8 +69,8 @@ def mismatched_lengths(student, ctx):
 @check(
     book_demo,
     points=1,
-    hint="Split X and y along dimension 0, one chunk per device (d2l.scatter does it on "
-    "any device; nn.parallel.scatter only on CUDA devices).",
+    hint="Split X and y along dimension 0, one chunk per device, as nn.parallel.scatter "
+    "or d2l.scatter does.",
 )
 def book_demo_gives_rows_0_1_and_2_3(seen, ctx):
     """torch.arange(20).reshape(4, 5) over two devices gives rows 0-1 and rows 2-3."""
@@ -178,8 +178,9 @@ def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Expected a non cpu device" in raised.message:
         return (
-            "nn.parallel.scatter works on CUDA devices only, and this machine gives CPU "
-            "stand-ins: use d2l.scatter(X, devices), which splits the same way on any device."
+            "nn.parallel.scatter needs GPUs or the lab's stand-in devices, and these devices "
+            "are the CPU (DPLAB_DEVICES=cpu): use d2l.scatter(X, devices), which splits the "
+            "same way on any device."
         )
     if (
         raised.type == "AttributeError"

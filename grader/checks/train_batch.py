@@ -214,7 +214,7 @@ def diagnose(raised):
             "all-reducing the gradients."
         )
     if "Expected a non cpu device" in raised.message:
-        return "split_batch uses nn.parallel.scatter, which needs CUDA: use d2l.scatter."
+        return "split_batch uses nn.parallel.scatter, which refuses the CPU: use d2l.scatter."
     if "Expected all tensors to be on the same device" in raised.message:
         return (
             "Use device_params[i] with the shard on devices[i]: zip shards, replicas and devices."

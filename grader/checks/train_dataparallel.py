@@ -49,10 +49,8 @@ def as_device_name(d) -> str:
 
 
 def wrap_devices(ctx) -> list[torch.device]:
-    """Return the devices to train on: two, but each GPU once, since nn.DataParallel needs
-    distinct GPUs (stand-ins that share one GPU count as that GPU)."""
-    devices = ctx.devices[:2]
-    return list(dict.fromkeys(devices)) if any(d.type == "cuda" for d in devices) else devices
+    """Return the two devices to train on: two GPUs, or two stand-ins."""
+    return ctx.devices[:2]
 
 
 @case

@@ -36,3 +36,16 @@ def allreduce(data):
     fails="keeps_dtypes_and_sums_integers_exactly",
     hint_mentions="Keep each tensor's dtype",
 )
+
+forgets_the_move = Mistake(
+    source="""
+def allreduce(data):
+    for i in range(1, len(data)):
+        data[0][:] += data[i]
+    for i in range(1, len(data)):
+        data[i][:] = data[0]
+""",
+    fails="every_tensor_holds_the_sum",
+    hint_mentions="Move each tensor to data[0]'s device",
+    seen_in="code that ran on one device (or on the CPU repeated), and fails on two GPUs",
+)

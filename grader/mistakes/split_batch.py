@@ -2,18 +2,6 @@
 
 from grader.mistakes import Mistake
 
-parallel_scatter_on_stand_ins = Mistake(
-    source="""
-def split_batch(X, y, devices):
-    assert X.shape[0] == y.shape[0], 'X and y differ in length'
-    return (nn.parallel.scatter(X, devices), nn.parallel.scatter(y, devices))
-""",
-    fails="book_demo_gives_rows_0_1_and_2_3",
-    hint_mentions="d2l.scatter",
-    seen_in="the book's code, run without two GPUs",
-    only_without_gpus=True,
-)
-
 dot_for_comma = Mistake(
     source="""
 def split_batch(X, y, devices):
@@ -58,4 +46,14 @@ def split_batch(X, y, devices):
 """,
     fails="labels_stay_with_their_examples",
     hint_mentions="Split y exactly as X",
+)
+
+shards_left_on_the_cpu = Mistake(
+    source="""
+def split_batch(X, y, devices):
+    assert X.shape[0] == y.shape[0], 'X and y differ in length'
+    return list(torch.chunk(X, len(devices))), list(torch.chunk(y, len(devices)))
+""",
+    fails="shards_land_on_their_devices",
+    hint_mentions="Move shard i of X and of y to devices[i]",
 )

@@ -10,7 +10,7 @@ def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None)
         if type(m) in [nn.Linear, nn.Conv2d]:
             nn.init.normal_(m.weight, std=0.01)
     INIT
-    net = nn.DataParallel(net.to(devices[0]), device_ids=DEVICE_IDS)
+    net = nn.DataParallel(MOVED, device_ids=DEVICE_IDS)
     trainer = torch.optim.SGD(net.parameters(), lr)
     loss = nn.CrossEntropyLoss()
     timer, animator = d2l.Timer(), d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
@@ -31,6 +31,7 @@ def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None)
 """
 RIGHT = {
     "INIT": "net.apply(init_weights)",
+    "MOVED": "net.to(devices[0])",
     "DEVICE_IDS": "devices",
     "TRAIN_ONCE": "pass",
     "TRAIN_EACH": "net.train()",
@@ -69,4 +70,11 @@ hard_coded_device_ids = Mistake(
     fails="wraps_the_net_in_data_parallel_on_the_given_devices",
     hint_mentions="device_ids=devices",
     only_without_gpus=True,
+)
+
+net_not_on_the_first_device = Mistake(
+    source=variant(MOVED="net"),
+    fails="puts_the_net_on_the_first_device_before_wrapping",
+    hint_mentions="net.to(devices[0])",
+    seen_in="the book's concise code, which leaves this step out",
 )
