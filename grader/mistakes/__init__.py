@@ -22,6 +22,14 @@ class Mistake:
     only_without_gpus: bool = False  # it works on two real GPUs, so it is caught only without
 
 
+def variant(template: str, right: dict[str, str], **changes: str) -> str:
+    """Return `template` with each `<<NAME>>` replaced by its right code, or by `changes`."""
+    source = template
+    for name, code in {**right, **changes}.items():
+        source = source.replace(f"<<{name}>>", code)
+    return source
+
+
 def mistakes_of(exercise: Exercise) -> dict[str, Mistake]:
     """Return the exercise's catalogued mistakes by name."""
     module = importlib.import_module(exercise.mistakes)

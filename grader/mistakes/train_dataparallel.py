@@ -1,6 +1,6 @@
 """Known wrong versions of the concise `train`."""
 
-from grader.mistakes import Mistake
+from grader.mistakes import Mistake, variant
 
 BODY = """
 def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
@@ -9,17 +9,17 @@ def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None)
     def init_weights(m):
         if type(m) in [nn.Linear, nn.Conv2d]:
             nn.init.normal_(m.weight, std=0.01)
-    INIT
-    net = nn.DataParallel(MOVED, device_ids=DEVICE_IDS)
+    <<INIT>>
+    net = nn.DataParallel(<<MOVED>>, device_ids=<<DEVICE_IDS>>)
     trainer = torch.optim.SGD(net.parameters(), lr)
     loss = nn.CrossEntropyLoss()
     timer, animator = d2l.Timer(), d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
-    TRAIN_ONCE
+    <<TRAIN_ONCE>>
     for epoch in range(num_epochs):
-        TRAIN_EACH
+        <<TRAIN_EACH>>
         timer.start()
         for X, y in train_iter:
-            ZERO
+            <<ZERO>>
             X, y = X.to(devices[0]), y.to(devices[0])
             l = loss(net(X), y)
             l.backward()
@@ -39,41 +39,33 @@ RIGHT = {
 }
 
 
-def variant(**changes: str) -> str:
-    """Return the book-style concise train with some of its lines changed."""
-    source = BODY
-    for key, value in {**RIGHT, **changes}.items():
-        source = source.replace(key, value)
-    return source
-
-
 no_initialisation = Mistake(
-    source=variant(INIT="pass"),
+    source=variant(BODY, RIGHT, INIT="pass"),
     fails="initialises_weights_with_std_0_01",
     hint_mentions="nn.init.normal_(m.weight, std=0.01)",
 )
 
 train_mode_set_once = Mistake(
-    source=variant(TRAIN_ONCE="net.train()", TRAIN_EACH="pass"),
+    source=variant(BODY, RIGHT, TRAIN_ONCE="net.train()", TRAIN_EACH="pass"),
     fails="trains_in_train_mode_and_evaluates_in_eval_mode",
     hint_mentions="call net.train() at the start of every epoch",
 )
 
 gradients_never_zeroed = Mistake(
-    source=variant(ZERO="pass"),
+    source=variant(BODY, RIGHT, ZERO="pass"),
     fails="training_matches_plain_sgd",
     hint_mentions="zero the gradients before each backward",
 )
 
 hard_coded_device_ids = Mistake(
-    source=variant(DEVICE_IDS="[0, 1]"),
+    source=variant(BODY, RIGHT, DEVICE_IDS="[0, 1]"),
     fails="wraps_the_net_in_data_parallel_on_the_given_devices",
     hint_mentions="device_ids=devices",
     only_without_gpus=True,
 )
 
 net_not_on_the_first_device = Mistake(
-    source=variant(MOVED="net"),
+    source=variant(BODY, RIGHT, MOVED="net"),
     fails="puts_the_net_on_the_first_device_before_wrapping",
     hint_mentions="net.to(devices[0])",
     seen_in="the book's concise code, which leaves this step out",

@@ -1,72 +1,59 @@
-"""Known wrong versions of the from-scratch `train` loop."""
+"""Known wrong versions of the from-scratch `train` loop: the book's with one part changed."""
 
-from grader.mistakes import Mistake
+from grader.mistakes import Mistake, variant
 
-swapped_loops = Mistake(
-    source="""
+BOOK = """
 def train(num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
     train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
     devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
     device_params = [get_params(params, d) for d in devices]
     animator = d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
     timer = d2l.Timer()
-    for X, y in train_iter:
+<<LOOP>>
+<<SUMMARY>>
+    return animator.Y[0]
+"""
+RIGHT = {
+    "LOOP": """    for epoch in range(num_epochs):
+        timer.start()
+        for X, y in train_iter:
+            train_batch(X, y, device_params, devices, lr)
+            <<SYNC>>
+        timer.stop()
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
+            lambda x: lenet(x, device_params[<<EVAL>>]), test_iter, devices[<<EVAL>>]),))""",
+    "SYNC": "d2l.synchronize(devices)",
+    "EVAL": "0",
+    "SUMMARY": "    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on "
+    "{str(devices)}')",
+}
+
+swapped_loops = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        LOOP="""    for X, y in train_iter:
         for epoch in range(num_epochs):
             timer.start()
             train_batch(X, y, device_params, devices, lr)
             timer.stop()
     for epoch in range(num_epochs):
         animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))
-    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
-    return animator.Y[0]
-""",
+            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))""",
+    ),
     fails="visits_every_batch_once_per_epoch",
     hint_mentions="loops are swapped",
     seen_in="seed notes: for epoch and for X, y written the wrong way round",
 )
 
 evaluates_the_last_replica = Mistake(
-    source="""
-def train(num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
-    train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
-    devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
-    device_params = [get_params(params, d) for d in devices]
-    animator = d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
-    timer = d2l.Timer()
-    for epoch in range(num_epochs):
-        timer.start()
-        for X, y in train_iter:
-            train_batch(X, y, device_params, devices, lr)
-        timer.stop()
-        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[-1]), test_iter, devices[-1]),))
-    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
-    return animator.Y[0]
-""",
+    source=variant(BOOK, RIGHT, EVAL="-1"),
     fails="evaluates_on_the_first_device_after_each_epoch",
     hint_mentions="device_params[0]",
 )
 
 cuda_synchronize_without_cuda = Mistake(
-    source="""
-def train(num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
-    train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
-    devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
-    device_params = [get_params(params, d) for d in devices]
-    animator = d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
-    timer = d2l.Timer()
-    for epoch in range(num_epochs):
-        timer.start()
-        for X, y in train_iter:
-            train_batch(X, y, device_params, devices, lr)
-            torch.cuda.synchronize()
-        timer.stop()
-        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))
-    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
-    return animator.Y[0]
-""",
+    source=variant(BOOK, RIGHT, SYNC="torch.cuda.synchronize()"),
     fails="visits_every_batch_once_per_epoch",
     hint_mentions="d2l.synchronize(devices)",
     seen_in="the book's code, run without a GPU",
@@ -74,20 +61,7 @@ def train(num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
 )
 
 no_summary_line = Mistake(
-    source="""
-def train(num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
-    train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
-    devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
-    device_params = [get_params(params, d) for d in devices]
-    animator = d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
-    for epoch in range(num_epochs):
-        for X, y in train_iter:
-            train_batch(X, y, device_params, devices, lr)
-        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))
-    print('测试精度：', animator.Y[0][-1])
-    return animator.Y[0]
-""",
+    source=variant(BOOK, RIGHT, SUMMARY="    print('测试精度：', animator.Y[0][-1])"),
     fails="prints_the_summary_line",
     hint_mentions="sec/epoch on",
 )
