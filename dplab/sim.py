@@ -10,12 +10,18 @@ would on two GPUs.
 How it plugs into PyTorch:
 - the device type `sim` is PyTorch's PrivateUse1 backend, set up from Python;
 - factory functions given `device="sim:k"` reach two small kernels registered for that
-  backend (`empty` and `empty_strided`), which make the wrapper;
+  backend (`empty` and `empty_strided`), which make the wrapper; `torch.tensor`,
+  `torch.as_tensor` and `torch.asarray`, which copy below the Python layer, are wrapped;
 - at the C++ level every wrapper sits on `sim:0` (PyTorch's device guard knows one device);
   the Python `device` property reports the real stand-in, and `Tensor.to` between two
   stand-ins is caught in `__torch_function__` and made a real, differentiable copy;
 - `nn.parallel.scatter` and `nn.DataParallel` use CUDA-only collectives, so for stand-ins
   they get plain Python equivalents (split and copy, replicate, apply in turn, gather).
+
+What it cannot do: to PyTorch's C++ core a stand-in tensor is a CPU tensor, so the few
+composite operations that build tensors from `self.options()` before any Python code runs
+(`F.one_hot` is one) make CPU tensors and then fail with a mixed-device error; and
+`untyped_storage()` has nothing to show.
 """
 
 import functools
@@ -274,7 +280,7 @@ def _run(func, args, kwargs):
         raise _same_device_error(f"{TYPE}:{a}", f"{TYPE}:{b}")
     index = next(iter(indices), 0)
     moving_out = func is torch.ops.aten._to_copy.default and target is not None
-    if others and not moving_out:
+    if others and not moving_out and func not in _CPU_INDICES_OK:
         raise _same_device_error(f"{TYPE}:{index}", others[0])
     if target is not None:
         if is_stand_in(target):
@@ -292,6 +298,14 @@ def _run(func, args, kwargs):
 
     return tree_map(wrap, out)
 
+
+# Indexing takes CPU index tensors on a GPU tensor; so it does on a stand-in.
+_CPU_INDICES_OK = {
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put_.default,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten._index_put_impl_.default,
+}
 
 # Operations where a plain tensor may meet a stand-in tensor: copying between them.
 _MIXED_OK = {
@@ -425,7 +439,11 @@ def gather(outputs, target, dim: int = 0):
     return first
 
 
-_original_tensor, _original_as_tensor = torch.tensor, torch.as_tensor
+_original_tensor, _original_as_tensor, _original_asarray = (
+    torch.tensor,
+    torch.as_tensor,
+    torch.asarray,
+)
 
 
 @functools.wraps(_original_tensor)
@@ -443,6 +461,17 @@ def as_tensor(data, dtype=None, device=None):
     if device is not None and is_stand_in(device):
         return _original_as_tensor(data, dtype=dtype).to(device)
     return _original_as_tensor(data, dtype=dtype, device=device)
+
+
+@functools.wraps(_original_asarray)
+def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad=False):
+    """torch.asarray, which also builds tensors on stand-ins."""
+    if device is not None and is_stand_in(device):
+        made = _original_asarray(obj, dtype=dtype, copy=copy).to(device)
+        return made.requires_grad_(requires_grad) if requires_grad else made
+    return _original_asarray(
+        obj, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad
+    )
 
 
 def _patch_parallel() -> None:
@@ -534,7 +563,7 @@ def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
         _register_kernels()
         # torch.tensor copies its data below the Python layer, which stand-ins need, and
         # a move onto a stand-in must be a differentiable copy even from a plain tensor.
-        torch.tensor, torch.as_tensor = tensor, as_tensor
+        torch.tensor, torch.as_tensor, torch.asarray = tensor, as_tensor, asarray
         torch.Tensor.to = _to
         _patch_parallel()
         _state["enabled"] = True

@@ -88,6 +88,13 @@ def test_factories_cpu_item_tolist_and_printing():
         torch.ones(2, device=D1).numpy()
 
 
+def test_constructors_and_cpu_indices_work_as_on_a_gpu():
+    assert torch.asarray([1, 2], device=D1).device == D1
+    assert torch.as_tensor([1.0], device=D2).device == D2
+    picked = torch.arange(5.0, device=D1)[torch.tensor([0, 3])]  # CPU indices are allowed
+    assert picked.device == D1 and picked.tolist() == [0.0, 3.0]
+
+
 def test_gradients_land_on_the_device_of_their_tensor():
     p = torch.randn(3, requires_grad=True)
     (p.to(D1) ** 2).sum().backward()
