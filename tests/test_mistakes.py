@@ -1,10 +1,12 @@
 """The catalogue of known mistakes: each is caught by the right check, with the right hint."""
 
+import importlib
+
 import pytest
 
 from dplab.devices import num_gpus
 from grader.manifest import load_manifest
-from grader.mistakes import mistakes_of
+from grader.mistakes import mistakes_of, variant
 from tests.conftest import fresh_solution, grade_in_process
 
 CATALOGUE = [
@@ -50,3 +52,23 @@ def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
         f"expected it to mention {mistake.hint_mentions!r}"
     )
     assert result.score < result.max_score
+
+
+TEMPLATED = [
+    pytest.param(ex, id=ex.id, marks=getattr(pytest.mark, ex.id))
+    for ex in load_manifest().exercises
+    if hasattr(importlib.import_module(ex.mistakes), "BOOK")
+]
+
+
+@pytest.mark.parametrize("exercise", TEMPLATED)
+def test_the_template_with_its_right_parts_gets_full_marks(exercise):
+    """Each templated mistake is the book's code with one part changed, and nothing else wrong."""
+    module = importlib.import_module(exercise.mistakes)
+    source = variant(module.BOOK, module.RIGHT)
+    assert "<<" not in source, f"{exercise.mistakes}: a part of BOOK has no right code"
+    namespace = fresh_solution(exercise.notebook)
+    exec(compile(source, f"<{exercise.id} template>", "exec"), namespace)
+    result = grade_in_process(exercise, namespace)
+    failed = [c.name for c in result.checks if not c.passed]
+    assert result.score == result.max_score, f"the right template failed {failed}"

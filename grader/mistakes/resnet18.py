@@ -1,23 +1,19 @@
-"""Known wrong versions of `resnet18`."""
+"""Known wrong versions of `resnet18`: the book's with one part changed, or reorganised."""
 
-from grader.mistakes import Mistake
+from grader.mistakes import Mistake, variant
 
-original_imagenet_stem = Mistake(
-    source="""
+BOOK = """
 def resnet18(num_classes, in_channels=1):
     def resnet_block(in_channels, out_channels, num_residuals, first_block=False):
         blk = []
         for i in range(num_residuals):
-            if i == 0 and not first_block:
+            if <<SHORTCUT_WHEN>>:
                 blk.append(d2l.Residual(in_channels, out_channels, use_1x1conv=True, strides=2))
             else:
                 blk.append(d2l.Residual(out_channels, out_channels))
         return nn.Sequential(*blk)
 
-    net = nn.Sequential(
-        nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3),
-        nn.BatchNorm2d(64), nn.ReLU(),
-        nn.MaxPool2d(kernel_size=3, stride=2, padding=1))
+    net = nn.Sequential(<<STEM>>)
     net.add_module("resnet_block1", resnet_block(64, 64, 2, first_block=True))
     net.add_module("resnet_block2", resnet_block(64, 128, 2))
     net.add_module("resnet_block3", resnet_block(128, 256, 2))
@@ -25,30 +21,28 @@ def resnet18(num_classes, in_channels=1):
     net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
     net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
     return net
-""",
+"""
+RIGHT = {
+    "SHORTCUT_WHEN": "i == 0 and not first_block",
+    "STEM": "nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),\n"
+    "                        nn.BatchNorm2d(64), nn.ReLU()",
+}
+
+original_imagenet_stem = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        STEM="nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3),\n"
+        "                        nn.BatchNorm2d(64), nn.ReLU(),\n"
+        "                        nn.MaxPool2d(kernel_size=3, stride=2, padding=1)",
+    ),
     fails="has_11_175_818_parameters",
     hint_mentions="7x7 stem",
     seen_in="seed notes: the ImageNet ResNet-18 stem copied into the multi-GPU section",
 )
 
 shortcut_in_the_first_stage = Mistake(
-    source="""
-def resnet18(num_classes, in_channels=1):
-    def resnet_block(in_channels, out_channels, num_residuals):
-        blk = [d2l.Residual(in_channels, out_channels, use_1x1conv=True, strides=2)]
-        blk += [d2l.Residual(out_channels, out_channels) for _ in range(num_residuals - 1)]
-        return nn.Sequential(*blk)
-
-    net = nn.Sequential(nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),
-                        nn.BatchNorm2d(64), nn.ReLU())
-    net.add_module("resnet_block1", resnet_block(64, 64, 2))
-    net.add_module("resnet_block2", resnet_block(64, 128, 2))
-    net.add_module("resnet_block3", resnet_block(128, 256, 2))
-    net.add_module("resnet_block4", resnet_block(256, 512, 2))
-    net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
-    net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
-    return net
-""",
+    source=variant(BOOK, RIGHT, SHORTCUT_WHEN="i == 0"),
     fails="shortcuts_only_where_the_shape_changes",
     hint_mentions="Only the first block of stages 2 to 4",
 )

@@ -2,7 +2,7 @@
 
 from grader.mistakes import Mistake, variant
 
-BODY = """
+BOOK = """
 def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
     train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
     devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
@@ -40,32 +40,32 @@ RIGHT = {
 
 
 no_initialisation = Mistake(
-    source=variant(BODY, RIGHT, INIT="pass"),
+    source=variant(BOOK, RIGHT, INIT="pass"),
     fails="initialises_weights_with_std_0_01",
     hint_mentions="nn.init.normal_(m.weight, std=0.01)",
 )
 
 train_mode_set_once = Mistake(
-    source=variant(BODY, RIGHT, TRAIN_ONCE="net.train()", TRAIN_EACH="pass"),
+    source=variant(BOOK, RIGHT, TRAIN_ONCE="net.train()", TRAIN_EACH="pass"),
     fails="trains_in_train_mode_and_evaluates_in_eval_mode",
     hint_mentions="call net.train() at the start of every epoch",
 )
 
 gradients_never_zeroed = Mistake(
-    source=variant(BODY, RIGHT, ZERO="pass"),
+    source=variant(BOOK, RIGHT, ZERO="pass"),
     fails="training_matches_plain_sgd",
     hint_mentions="zero the gradients before each backward",
 )
 
 hard_coded_device_ids = Mistake(
-    source=variant(BODY, RIGHT, DEVICE_IDS="[0, 1]"),
+    source=variant(BOOK, RIGHT, DEVICE_IDS="[0, 1]"),
     fails="wraps_the_net_in_data_parallel_on_the_given_devices",
     hint_mentions="device_ids=devices",
     only_without_gpus=True,
 )
 
 net_not_on_the_first_device = Mistake(
-    source=variant(BODY, RIGHT, MOVED="net"),
+    source=variant(BOOK, RIGHT, MOVED="net"),
     fails="puts_the_net_on_the_first_device_before_wrapping",
     hint_mentions="net.to(devices[0])",
     seen_in="the book's concise code, which leaves this step out",
