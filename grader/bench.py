@@ -1,9 +1,11 @@
-"""`make bench-grade`: grade a generated class of submissions side by side, and time it.
+"""`make bench-grade`: time the grader, on one complete submission and on a generated class.
 
     python -m grader.bench [--students 20] [--jobs 2] [--keep DIR]
 
-The class mixes reference solutions, untouched stubs and submissions with catalogued
-mistakes, in the released notebooks as students would hand them in.
+First one complete submission (the reference solutions in the released notebooks) is graded
+on its own; then a class that mixes reference solutions, untouched stubs and submissions with
+catalogued mistakes, side by side. Timings live here, never in the tests: a test that asserts
+a wall-clock time fails whenever the machine is busy.
 """
 
 import argparse
@@ -18,17 +20,26 @@ from grader.exports import summary_table
 from grader.manifest import exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
 
+KINDS = ("reference solutions", "untouched stubs", "catalogued mistakes")
+
+
+def kind_of(index: int) -> str:
+    """Return what submission number `index` (from 0) holds."""
+    return KINDS[min(index % 4, 2)]
+
 
 def make_class(folder: Path, students: int) -> None:
-    """Write `students` submissions under folder/<student>/<assignment>/."""
+    """Write `students` submissions under folder/<student>/<assignment>/: one in four holds
+    the reference solutions, one the untouched stubs, two catalogued mistakes."""
     manifest = load_manifest()
     catalogue = [(ex, m) for ex in manifest.exercises for m in mistakes_of(ex).values()]
     for i in range(students):
         target = folder / f"student{i + 1:02d}" / manifest.assignment
         target.mkdir(parents=True)
         for notebook in manifest.notebooks:
-            answers = {} if i % 4 == 1 else reference_answers(notebook)
-            if i % 4 >= 2:  # two catalogued mistakes each, different ones per student
+            kind = kind_of(i)
+            answers = {} if kind == KINDS[1] else reference_answers(notebook)
+            if kind == KINDS[2]:  # two catalogued mistakes each, different ones per student
                 for ex, m in (
                     catalogue[(2 * i) % len(catalogue)],
                     catalogue[(2 * i + 1) % len(catalogue)],
@@ -49,6 +60,14 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
+        make_class(root / "alone", 1)  # one complete submission, graded on its own first
+        (alone,) = grade_class(
+            expand([root / "alone"], load_manifest()),
+            Outputs(json=root / "alone.json"),
+            jobs=1,
+            regrade=True,
+            progress=lambda *a: None,
+        )
         make_class(root / "submitted", args.students)
         subs = expand([root / "submitted"], load_manifest())
         started = time.monotonic()
@@ -61,12 +80,21 @@ def main() -> None:
         )
         seconds = time.monotonic() - started
     print(summary_table(results, load_manifest()))
-    slowest = max(r.seconds for r in results)
+    print(
+        f"\none complete submission (the reference solutions) graded alone: "
+        f"{alone.seconds:.1f} s, {alone.score:g}/{alone.max_score:g}"
+    )
     print(
         f"\n{len(results)} submissions graded with --jobs {args.jobs} in {seconds:.1f} s: "
-        f"{seconds / len(results):.1f} s per submission "
-        f"(one submission alone took at most {slowest:.1f} s)"
+        f"{seconds / len(results):.1f} s per submission"
     )
+    for kind in KINDS:
+        times = [r.seconds for r in results if kind_of(int(r.id[len("student") :]) - 1) == kind]
+        if times:
+            print(
+                f"  {kind}: {len(times)} submissions, {sum(times) / len(times):.1f} s each "
+                f"on average, {max(times):.1f} s at most"
+            )
 
 
 if __name__ == "__main__":

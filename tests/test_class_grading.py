@@ -89,13 +89,6 @@ def test_the_run_ends_with_a_summary_table(exported):
     assert "allreduce            5.5   11         1/2" in proc.stdout
 
 
-def test_one_complete_submission_grades_within_20_seconds(exported):
-    root, _ = exported
-    ann = next(r for r in read_json(root / "r.json") if r.id == "ann")
-    assert ann.score == MANIFEST.max_score
-    assert ann.seconds < 20, f"grading took {ann.seconds:.1f} s"
-
-
 def test_a_rerun_skips_what_is_graded_and_regrades_what_changed(tmp_path):
     make_class(tmp_path / "submitted", ["ann", "ben"])
     report = tmp_path / "r.json"

@@ -209,6 +209,7 @@ def nowhere(tmp_path, monkeypatch):
     monkeypatch.delenv("DPLAB_FASHION_MNIST", raising=False)
     monkeypatch.delenv("DPLAB_DATA_SOURCE", raising=False)
     monkeypatch.setattr(fm, "SYSTEM_DIRS", [tmp_path / "usr-share"])
+    monkeypatch.setattr(fm, "_announced", set())  # each test sees its own announcements
     return tmp_path
 
 
