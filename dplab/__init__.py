@@ -1,7 +1,9 @@
 """dplab: the small runtime library of the multi-GPU lab.
 
-It has the helpers that the book's `d2l` package gives these two sections, written plainly
-so you can read them. Notebooks import it under the book's name: `import dplab as d2l`.
+It has the helpers that the book's `d2l` package gives these two sections, in both editions
+(2.0's `try_gpu` and 1.0's `gpu`, either form of `Residual`), written plainly so you can read
+them. Notebooks import it under the book's name: `import dplab as d2l`, and the grader reads
+`from d2l import torch as d2l` the same way.
 """
 
 from dplab.data import (
@@ -11,7 +13,9 @@ from dplab.data import (
     load_data_fashion_mnist_book,
 )
 from dplab.devices import (
+    cpu,
     device_count,
+    gpu,
     lab_devices,
     num_gpus,
     scatter,
@@ -30,9 +34,11 @@ __all__ = [
     "Residual",
     "Timer",
     "accuracy",
+    "cpu",
     "device_count",
     "evaluate_accuracy_gpu",
     "get_fashion_mnist_labels",
+    "gpu",
     "lab_devices",
     "lenet",
     "lenet_params",
@@ -45,3 +51,16 @@ __all__ = [
     "try_all_gpus",
     "try_gpu",
 ]
+
+
+# The book saves these into its d2l package; here they are exercises you write yourself.
+_EXERCISES = {"split_batch": "split_batch", "resnet18": "resnet18"}
+
+
+def __getattr__(name: str):
+    if name in _EXERCISES:
+        raise AttributeError(
+            f"the lab's d2l has no {name}: in this lab you write `{name}` yourself (exercise "
+            f"{_EXERCISES[name]}), so call your own function, `{name}(...)`, not `d2l.{name}`"
+        )
+    raise AttributeError(f"module 'dplab' (the lab's d2l) has no attribute {name!r}")

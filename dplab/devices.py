@@ -11,6 +11,24 @@ that decides. Two environment variables change the choice:
                      book's behaviour). stand-in: stand-ins even with GPUs. cpu: everything
                      on the CPU, the same device repeated.
     DPLAB_STAND_INS  how many stand-ins there are (default 2).
+
+Both editions of the book are at home here: `try_gpu` and `try_all_gpus` (the Chinese 2.0
+edition), and `gpu`, `cpu` and `num_gpus` (the English 1.0 edition) all speak of the lab's
+devices. The CUDA calls that the book's code for these sections makes behave as follows where
+the lab's devices are stand-ins (or the CPU), so that code which runs on two GPUs runs here too:
+
+    torch.cuda.device_count()  the real number of GPUs (0 on a laptop): the lab never pretends
+    torch.cuda.is_available()  the real answer
+    torch.cuda.synchronize()   waits for the device the stand-ins compute on (the one GPU),
+                               and returns at once on the CPU, where nothing is queued; given
+                               a stand-in, it waits for the device behind it
+    torch.device('cuda:1'), tensor.cuda(1)
+                               unchanged: a CUDA device, which fails without GPUs as PyTorch
+                               says. The lab's checks hand your functions their devices.
+
+The grader always checks on two distinct devices, whatever DPLAB_DEVICES says
+(`grading_mode`): two GPUs where there are two, else stand-ins. So a placement mistake costs
+the same on a laptop as on a GPU server, and `DPLAB_DEVICES=cpu` changes no grade.
 """
 
 import os
@@ -25,8 +43,13 @@ _told: set[str] = set()
 
 
 def num_gpus() -> int:
-    """Return the number of CUDA GPUs this process can use."""
+    """Return the number of CUDA GPUs this process can use (d2l 1.0's `num_gpus`)."""
     return torch.cuda.device_count()
+
+
+def cpu() -> torch.device:
+    """Return the CPU (d2l 1.0's `cpu`)."""
+    return torch.device("cpu")
 
 
 def device_mode() -> str:
@@ -35,6 +58,14 @@ def device_mode() -> str:
     if mode not in MODES:
         raise ValueError(f"DPLAB_DEVICES must be one of {', '.join(MODES)}, not {mode!r}")
     return mode
+
+
+def grading_mode() -> str:
+    """Return the device mode the checks run in: "real" with two GPUs or more (unless
+    DPLAB_DEVICES asks for stand-ins), otherwise "stand-in"; never "cpu", whose repeated
+    device would hide a missing `.to(device)`."""
+    mode = device_mode()
+    return "real" if mode in ("auto", "real") and num_gpus() >= 2 else "stand-in"
 
 
 def stand_in_count() -> int:
@@ -49,9 +80,9 @@ def stand_in_count() -> int:
     return count
 
 
-def using_stand_ins() -> bool:
-    """Return True when the lab's devices are stand-ins."""
-    mode = device_mode()
+def using_stand_ins(mode: str | None = None) -> bool:
+    """Return True when the lab's devices are stand-ins (in `mode`, default DPLAB_DEVICES)."""
+    mode = mode or device_mode()
     return mode == "stand-in" or (mode == "auto" and num_gpus() < 2)
 
 
@@ -69,18 +100,20 @@ def device_count() -> int:
     return stand_in_count() if using_stand_ins() else max(1, num_gpus())
 
 
-def lab_device(i: int = 0) -> torch.device:
-    """Return device number `i` for the lab (see the module docstring)."""
+def lab_device(i: int = 0, mode: str | None = None) -> torch.device:
+    """Return device number `i` for the lab (in `mode`; see the module docstring)."""
     if i < 0:
         raise ValueError(f"device numbers start at 0, got {i}")
-    mode = device_mode()
+    mode = mode or device_mode()
     if mode == "cpu":
         _tell("dplab: DPLAB_DEVICES=cpu, so every device is the CPU.")
+        install_cuda_shims()
         return torch.device("cpu")
-    if not using_stand_ins():
+    if not using_stand_ins(mode):
         return torch.device(f"cuda:{i}") if i < num_gpus() else torch.device("cpu")
     count = max(stand_in_count(), i + 1)
     sim.enable(count)
+    install_cuda_shims()
     backing = sim.backing_device()
     have = "no GPU" if num_gpus() == 0 else f"{num_gpus()} GPU" + ("s" if num_gpus() > 1 else "")
     _tell(
@@ -91,16 +124,30 @@ def lab_device(i: int = 0) -> torch.device:
     return torch.device("sim", i)
 
 
-def lab_devices(n: int = 2) -> list[torch.device]:
-    """Return `n` devices to train on."""
+def lab_devices(n: int = 2, mode: str | None = None) -> list[torch.device]:
+    """Return `n` devices to train on (in `mode`, default DPLAB_DEVICES)."""
     if n < 1:
         raise ValueError(f"ask for at least one device, got {n}")
-    return [lab_device(i) for i in range(n)]
+    return [lab_device(i, mode) for i in range(n)]
+
+
+def grading_devices(n: int = 2) -> list[torch.device]:
+    """Return the `n` distinct devices the checks run on (see `grading_mode`)."""
+    return lab_devices(n, grading_mode())
 
 
 def try_gpu(i: int = 0) -> torch.device:
     """Return GPU `i` if it exists; otherwise the lab's device `i` (a stand-in, or the CPU)."""
     return lab_device(i)
+
+
+def gpu(i: int = 0) -> torch.device:
+    """Return GPU `i`, as d2l 1.0's `gpu(i)` does; where the lab uses stand-ins, stand-in `i`
+    (and the CPU where DPLAB_DEVICES=cpu)."""
+    mode = device_mode()
+    if mode == "cpu" or using_stand_ins(mode):
+        return lab_device(i, mode)
+    return torch.device(f"cuda:{i}")
 
 
 def try_all_gpus() -> list[torch.device]:
@@ -133,5 +180,25 @@ def synchronize(devices: torch.device | list[torch.device] | None = None) -> Non
         device = torch.device(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        elif sim.is_stand_in(device) and sim.backing_device().type == "cuda":
-            torch.cuda.synchronize(sim.backing_device())
+        elif sim.is_stand_in(device):
+            sim.synchronize()
+
+
+_real_cuda_synchronize = torch.cuda.synchronize
+
+
+def _cuda_synchronize(device=None) -> None:
+    """torch.cuda.synchronize where the lab's devices may be stand-ins or the CPU."""
+    if device is not None and sim.is_stand_in(device):
+        sim.synchronize()
+    elif torch.cuda.is_available():
+        _real_cuda_synchronize(device)
+
+
+def install_cuda_shims() -> None:
+    """Let the book's `torch.cuda.synchronize()` run where the lab's devices are not GPUs.
+
+    Switched on the first time the lab hands out stand-ins or the CPU, and left on: see the
+    table in the module docstring.
+    """
+    torch.cuda.synchronize = _cuda_synchronize

@@ -31,17 +31,28 @@ def lenet(X: Tensor, params: list[Tensor]) -> Tensor:
 
 class Residual(nn.Module):
     """A residual block: two 3x3 convolutions, with a 1x1 convolution on the shortcut
-    when the number of channels or the stride changes."""
+    when the number of channels or the stride changes.
 
-    def __init__(
-        self, input_channels: int, num_channels: int, use_1x1conv: bool = False, strides: int = 1
-    ) -> None:
+    It takes either edition's arguments:
+        Residual(input_channels, num_channels, use_1x1conv=False, strides=1)   (d2l 2.0)
+        Residual(num_channels, use_1x1conv=False, strides=1)                   (d2l 1.0)
+    In the second form the input channels are not given, so, as in that edition, the
+    convolutions that read the input learn their size at the first forward pass (lazy
+    layers): run the network once before counting its parameters or copying it to devices.
+    """
+
+    def __init__(self, *args: int | bool, **kwargs: int | bool) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(input_channels, num_channels, 3, padding=1, stride=strides)
+        input_channels, num_channels, use_1x1conv, strides = _residual_arguments(args, kwargs)
+
+        def reading_input(kernel_size: int, **options: int) -> nn.Module:
+            if input_channels is None:
+                return nn.LazyConv2d(num_channels, kernel_size, **options)
+            return nn.Conv2d(input_channels, num_channels, kernel_size, **options)
+
+        self.conv1 = reading_input(3, padding=1, stride=strides)
         self.conv2 = nn.Conv2d(num_channels, num_channels, 3, padding=1)
-        self.conv3 = (
-            nn.Conv2d(input_channels, num_channels, 1, stride=strides) if use_1x1conv else None
-        )
+        self.conv3 = reading_input(1, stride=strides) if use_1x1conv else None
         self.bn1 = nn.BatchNorm2d(num_channels)
         self.bn2 = nn.BatchNorm2d(num_channels)
 
@@ -51,3 +62,50 @@ class Residual(nn.Module):
         if self.conv3 is not None:
             X = self.conv3(X)
         return F.relu(Y + X)
+
+
+RESIDUAL_FORMS = (
+    "Residual(input_channels, num_channels, use_1x1conv=False, strides=1) (d2l 2.0) or "
+    "Residual(num_channels, use_1x1conv=False, strides=1) (d2l 1.0)"
+)
+
+
+def _residual_arguments(args: tuple, kwargs: dict) -> tuple[int | None, int, bool, int]:
+    """Sort Residual's arguments into (input_channels or None, num_channels, use_1x1conv,
+    strides), whichever edition's form they follow."""
+
+    def wrong(why: str) -> TypeError:
+        return TypeError(f"Residual {why}; it takes {RESIDUAL_FORMS}")
+
+    unknown = set(kwargs) - {"input_channels", "num_channels", "use_1x1conv", "strides"}
+    if unknown:
+        raise wrong(f"got unexpected arguments {sorted(unknown)}")
+    rest = list(args)
+    counts = []  # the leading channel counts: whole numbers, not True or False
+    while rest and len(counts) < 2 and isinstance(rest[0], int) and not isinstance(rest[0], bool):
+        counts.append(rest.pop(0))
+    if len(rest) > 2:
+        raise wrong(f"got too many arguments {args}")
+    options = dict(kwargs)
+    for key, value in zip(("use_1x1conv", "strides"), rest, strict=False):
+        if key in options:
+            raise wrong(f"got {key} twice")
+        options[key] = value
+    if len(counts) == 2:  # Residual(64, 128, ...): the 2.0 form
+        if "input_channels" in options or "num_channels" in options:
+            raise wrong("got the channels twice")
+        input_channels, num_channels = counts
+    elif len(counts) == 1 and "num_channels" in options:  # Residual(64, num_channels=128)
+        input_channels, num_channels = counts[0], options["num_channels"]
+    elif len(counts) == 1:  # Residual(128, ...): the 1.0 form
+        input_channels, num_channels = options.get("input_channels"), counts[0]
+    elif "num_channels" in options:
+        input_channels, num_channels = options.get("input_channels"), options["num_channels"]
+    else:
+        raise wrong("needs the number of channels")
+    return (
+        input_channels,
+        int(num_channels),
+        bool(options.get("use_1x1conv", False)),
+        int(options.get("strides", 1)),
+    )

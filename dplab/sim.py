@@ -382,8 +382,7 @@ class _Backend:
 
     @staticmethod
     def synchronize(device=None) -> None:
-        if _state["backing"].type == "cuda":
-            torch.cuda.synchronize(_state["backing"])
+        synchronize()
 
 
 # ---- nn.parallel for stand-ins ------------------------------------------------------------
@@ -577,3 +576,9 @@ def enabled() -> bool:
 def backing_device() -> torch.device:
     """Return the device stand-in tensors compute on."""
     return _state["backing"]
+
+
+def synchronize() -> None:
+    """Wait for the work queued on the stand-ins: on the GPU behind them, if there is one."""
+    if _state["backing"].type == "cuda":
+        torch.cuda.synchronize(_state["backing"])

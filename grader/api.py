@@ -17,11 +17,21 @@ code never reaches. Points, hidden status and the hint are data on the check.
     def both_devices_hold_threes(seen, ctx):
         for t in seen:
             expect_equal(t, torch.tensor([[3.0, 3.0]]), "each tensor after allreduce")
+
+One mistake should cost the checks about it, and no others:
+- a case that records what the student's code does on the way (a training loop) calls it
+  through `attempt`, so that a crash at the end still leaves what happened before it to
+  judge; a check that needs the call to have finished says so with `returned(...)`;
+- a case that calls the student's function, which in turn calls the student's other
+  functions, names those in `holds`: where the reference solution is at hand (the
+  instructor's side) they are replaced by the reference's for the case, so that a wrong
+  `allreduce` costs the checks of `allreduce`, not those of `train_batch` as well.
 """
 
 import contextlib
 import dataclasses
 import hashlib
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +53,80 @@ class Fail(Exception):
 
 class MissingFunction(Exception):
     """The submission does not define the function an exercise asks for."""
+
+
+MAX_TRACE = 2000
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception from the student's code: its type, message and where it happened."""
+
+    type: str
+    message: str
+    where: str
+    trace: str
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> "Raised":
+        frames = traceback.extract_tb(error.__traceback__)
+        mine = [f for f in frames if "code cell" in f.filename or "<string>" in f.filename]
+        where = ""
+        if mine:
+            last = mine[-1]
+            where = f"{last.filename.strip('<>')}, line {last.lineno}, in {last.name}"
+        trace = "".join(traceback.format_list(mine)) if mine else ""
+        return cls(type(error).__name__, str(error)[:1000], where, trace[-MAX_TRACE:])
+
+    def as_data(self) -> dict:
+        return {
+            "type": self.type,
+            "message": self.message,
+            "where": self.where,
+            "trace": self.trace,
+        }
+
+    @classmethod
+    def from_data(cls, data: dict) -> "Raised":
+        return cls(*(str(data.get(k, "")) for k in ("type", "message", "where", "trace")))
+
+
+class Crash(Exception):
+    """Raised by a check that needs a call of the student's code that raised instead."""
+
+    def __init__(self, raised: Raised) -> None:
+        super().__init__(raised.message)
+        self.raised = raised
+
+
+def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:
+    """Call the student's `fn`; return {"returned": value} or, if it raised, {"raised": ...}.
+
+    Unlike a plain call, a crash does not end the case: what the case recorded before it
+    is still sent back and judged. A stub (NotImplementedError) and a missing function are
+    not crashes: they end the case, as there is nothing to judge.
+    """
+    try:
+        return {"returned": fn(*args, **kwargs), "raised": None}
+    except (NotImplementedError, MissingFunction):
+        raise
+    except (Exception, SystemExit) as error:
+        return {"returned": None, "raised": Raised.from_exception(error).as_data()}
+
+
+def raised_in(seen: Any) -> Raised | None:
+    """Return the crash recorded by `attempt` in what a case saw, if any."""
+    if isinstance(seen, dict) and isinstance(seen.get("raised"), dict):
+        return Raised.from_data(seen["raised"])
+    return None
+
+
+def returned(seen: dict) -> Any:
+    """Return what the call recorded by `attempt` returned, or raise Crash if it raised."""
+    crash = raised_in(seen)
+    if crash is not None:
+        raise Crash(crash)
+    return seen.get("returned")
 
 
 @dataclass
@@ -125,6 +209,7 @@ class Case:
     doc: str
     origin: tuple[str, str]  # the module and name of the case function
     params: Mapping[str, Any] = field(default_factory=dict)
+    holds: tuple[str, ...] = ()  # names held right with the reference's while it runs
 
     def using(self, name: str, doc: str = "", **params: Any) -> "Case":
         """Return this case function under another name, with parameters.
@@ -153,9 +238,19 @@ class Check:
     hidden: bool = False
 
 
-def case(run: Callable[..., Any]) -> Case:
-    """Declare a case: a function of (student, ctx, **params) that calls the student's code."""
-    return Case(run.__name__, run, (run.__doc__ or "").strip(), (run.__module__, run.__name__))
+def case(run: Callable[..., Any] | None = None, *, holds: tuple[str, ...] = ()) -> Any:
+    """Declare a case: a function of (student, ctx, **params) that calls the student's code.
+
+    `@case` alone, or `@case(holds=("split_batch", "allreduce"))` for a case whose calls
+    reach those names of the student's notebook: they are held right (see the module
+    docstring).
+    """
+
+    def declare(fn: Callable[..., Any]) -> Case:
+        doc = (fn.__doc__ or "").strip()
+        return Case(fn.__name__, fn, doc, (fn.__module__, fn.__name__), holds=tuple(holds))
+
+    return declare(run) if run is not None else declare
 
 
 def check(

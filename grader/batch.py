@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from grader.exports import gradebook_csv, write_gradescope
+from grader.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.grading import (
     Limits,
     default_threads,
@@ -97,6 +97,7 @@ class Outputs:
     json: Path | None = None
     csv: Path | None = None
     gradescope: Path | None = None
+    nbgrader: Path | None = None  # nbgrader's gradebook.db
 
     def write(self, results: list[SubmissionResult], just_done: SubmissionResult | None) -> None:
         """Rewrite the reports; write the Gradescope file of `just_done` (all of them if None)."""
@@ -108,6 +109,9 @@ class Outputs:
         if self.gradescope:
             for r in results if just_done is None else [just_done]:
                 write_gradescope(r, self.gradescope)
+        if self.nbgrader:
+            done = results if just_done is None else [just_done]
+            write_nbgrader_gradebook(done, self.nbgrader, manifest)
 
 
 class Progress:

@@ -3,8 +3,13 @@
 Run as `python -m grader.child REQUEST` inside the fence (see grader.fence). It reads the
 request (then deletes it), arms the audit hook, and only then touches the student's code.
 It reports on a pipe, one frame at a time, so that the grader knows what was running if the
-child dies: `loading`, `loaded`, `case-start`, `case`, `exercise-done`. It never judges:
-the grader's own process does that from these frames.
+child dies: `exercise-start`, `loading`, `loaded`, `case-start`, `case`, `exercise-done`.
+It never judges: the grader's own process does that from these frames.
+
+An exercise whose cases hold names right (see grader.reference) asks for them with a `held`
+frame once it has started, and reads the reference's cells from a second pipe. The grader
+answers only for the exercise the child is on, so that no reference is in this process
+before the exercises it holds have been judged.
 """
 
 import builtins
@@ -18,7 +23,7 @@ import torch
 
 from grader.api import Case, Context, Student
 from grader.fence import install_audit_hook
-from grader.loader import NotebookError, load_notebook
+from grader.loader import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
 from grader.runner import run_case
 
@@ -41,6 +46,37 @@ class Channel:
         while payload:
             payload = payload[os.write(self.fd, payload) :]
         self.seq += 1
+
+
+def read_reply(fd: int, nonce: str) -> dict:
+    """Read one length-prefixed frame the grader wrote on the reply pipe."""
+    import io
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise EOFError("the grader closed the reply pipe")
+            data += chunk
+        return data
+
+    (size,) = struct.unpack(">Q", exactly(8))
+    reply = torch.load(io.BytesIO(exactly(size)), weights_only=True)
+    if not isinstance(reply, dict) or reply.get("nonce") != nonce:
+        raise ValueError("an unexpected reply on the grader's pipe")
+    return reply
+
+
+def held_namespace(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> dict:
+    """Ask the grader for the reference cells that `names` need; return them run, or None."""
+    channel.send("held", exercise=exercise, names=sorted(names))
+    cells = read_reply(reply_fd, nonce).get("cells")
+    if not cells:
+        return None
+    return load_cells(
+        [str(c) for c in cells], Path("reference"), module_name="held", label="reference cell"
+    ).namespace
 
 
 def resolve_case(origin: list[str]) -> Case:
@@ -95,12 +131,15 @@ def changed_since(before: dict[str, int], watched: dict[str, object]) -> list[st
 def main(request_path: str) -> None:
     request = torch.load(request_path, weights_only=True)
     os.remove(request_path)
-    torch.set_num_threads(max(1, int(request["threads"])))
-    channel = Channel(int(request["fd"]), str(request["nonce"]))
+    threads = max(1, int(request["threads"]))
+    torch.set_num_threads(threads)
+    nonce = str(request["nonce"])
+    channel = Channel(int(request["fd"]), nonce)
+    reply_fd = int(request["reply_fd"])
     manifest = load_manifest()
-    from dplab.devices import lab_devices
+    from dplab.devices import grading_devices
 
-    ctx = Context(seed=int(request["seed"]), devices=lab_devices(int(request["devices"])))
+    ctx = Context(seed=int(request["seed"]), devices=grading_devices(int(request["devices"])))
     plans = {
         ex: [(name, resolve_case(origin), args) for name, origin, args in cases]
         for ex, cases in request["exercises"]
@@ -108,13 +147,14 @@ def main(request_path: str) -> None:
     watched = watched_objects()
     before = fingerprint(watched)
     install_audit_hook(Path(request["scratch"]), [Path(p) for p in request["private"]])
-    limit = float(request["check_seconds"]) or None
+    limit = float(request["check_seconds"]) or None  # processor time per thread
     loaded: dict[str, dict | NotebookError] = {}
     for exercise_id, plan in plans.items():
         ex = manifest.exercise(exercise_id)
         if not plan:  # every case already ran in an earlier child
             channel.send("exercise-done", exercise=exercise_id, changed=[])
             continue
+        channel.send("exercise-start", exercise=exercise_id)
         if ex.notebook not in loaded:
             channel.send("loading", notebook=ex.notebook)
             try:
@@ -144,10 +184,13 @@ def main(request_path: str) -> None:
             )
             continue
         student = Student(namespace, ex.function, ex.notebook)
+        holds = {n for _, found, _ in plan for n in found.holds}
+        held = held_namespace(channel, reply_fd, nonce, exercise_id, holds) if holds else None
         for name, found, args in plan:
             channel.send("case-start", exercise=exercise_id, case=name)
-            outcome = run_case(found.using(name), student, ctx, args, limit)
+            outcome = run_case(found.using(name), student, ctx, args, limit, held)
             channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
+        del held
         channel.send("exercise-done", exercise=exercise_id, changed=changed_since(before, watched))
 
 

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from grader.batch import Outputs, expand, grade_class
-from grader.exports import summary_table
+from grader.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.fence import choose_fence
 from grader.grading import Limits, grade_path
 from grader.manifest import load_manifest
@@ -41,18 +41,28 @@ def add_limits(p: argparse.ArgumentParser) -> None:
     """The limits every grading child runs under."""
     d = Limits()
     p.add_argument(
-        "--timeout",
-        type=float,
-        default=d.exercise_seconds,
-        metavar="S",
-        help="wall-time limit of one exercise, in seconds (default: %(default)g)",
-    )
-    p.add_argument(
         "--check-timeout",
         type=float,
         default=d.check_seconds,
         metavar="S",
-        help="wall-time limit of one check, in seconds; 0 for none (default: %(default)g)",
+        help="processor time one check may use, in seconds per thread; a busy machine does "
+        "not count against it; 0 for none (default: %(default)g)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=d.idle_seconds,
+        metavar="S",
+        help="stop a check that computes nothing for this long, in seconds (time.sleep, "
+        "input()); 0 for never (default: %(default)g)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.exercise_seconds,
+        metavar="S",
+        help="wall-time limit of one exercise, in seconds: a backstop, never reached by "
+        "code that computes at a normal pace (default: %(default)g)",
     )
     p.add_argument(
         "--memory",
@@ -64,7 +74,7 @@ def add_limits(p: argparse.ArgumentParser) -> None:
 
 
 def limits_of(args: argparse.Namespace) -> Limits:
-    return Limits(args.check_timeout, args.timeout, args.memory)
+    return Limits(args.check_timeout, args.timeout, args.memory, args.idle_timeout)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,6 +128,14 @@ def parser() -> argparse.ArgumentParser:
         help="write Gradescope's results.json for each submission into DIR/<id>/",
     )
     g.add_argument(
+        "--gradebook",
+        type=Path,
+        metavar="FILE",
+        help="write each exercise's score into nbgrader's gradebook (the gradebook.db of "
+        "`nbgrader generate_assignment`), as its check cell's automatic score: the scores "
+        "to trust, as `nbgrader autograde` runs the checks inside the student's kernel",
+    )
+    g.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -168,13 +186,15 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.exercise:
         for e in args.exercise:
             manifest.exercise(e)
+    if args.gradebook:
+        check_nbgrader_gradebook(args.gradebook, manifest)
     subs = expand(args.submissions, manifest)
     print(
         f"grading {len(subs)} submission(s), {args.jobs} at a time; "
         f"sandbox: {choose_fence().description}",
         flush=True,
     )
-    outputs = Outputs(args.json, args.csv, args.gradescope)
+    outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook)
     results = grade_class(
         subs,
         outputs,
@@ -193,6 +213,7 @@ def run_grade(args: argparse.Namespace) -> int:
         ("report", args.json),
         ("gradebook", args.csv),
         ("Gradescope results", args.gradescope),
+        ("nbgrader's gradebook", args.gradebook),
     ):
         if where:
             print(f"{what} written to {where}")
@@ -225,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return run_check(args)
         return run_grade(args)
-    except (FileNotFoundError, KeyError) as error:
+    except (FileNotFoundError, KeyError, GradebookError) as error:
         print(f"error: {error.args[0] if error.args else error}", file=sys.stderr)
         return 2
     except HiddenChecksUnavailable as error:

@@ -1,4 +1,5 @@
-"""The other forms of a class's results: a CSV gradebook, Gradescope files, a summary table."""
+"""The other forms of a class's results: a CSV gradebook, Gradescope files, nbgrader's
+gradebook, a summary table."""
 
 import csv
 import io
@@ -91,3 +92,56 @@ def summary_table(results: list[SubmissionResult], manifest: Manifest) -> str:
         )
         for row in rows
     )
+
+
+class GradebookError(ValueError):
+    """nbgrader's gradebook cannot take the scores (it is missing, or lacks the assignment)."""
+
+
+def check_nbgrader_gradebook(path: Path, manifest: Manifest) -> None:
+    """Raise GradebookError, saying what to do, unless `path` is an nbgrader gradebook that
+    knows the assignment and every exercise's check cell."""
+    setup = (
+        f"run `nbgrader generate_assignment {manifest.assignment}` in the course folder "
+        "first: it records the notebooks and their graded cells"
+    )
+    if not Path(path).is_file():
+        raise GradebookError(f"there is no nbgrader gradebook at {path}; {setup}")
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{Path(path).resolve()}") as gb:
+        try:
+            assignment = gb.find_assignment(manifest.assignment)
+        except MissingEntry:
+            raise GradebookError(
+                f"the gradebook {path} has no assignment {manifest.assignment!r}; {setup}"
+            ) from None
+        cells = {(nb.name, cell.name) for nb in assignment.notebooks for cell in nb.grade_cells}
+        for ex in manifest.exercises:
+            if (Path(ex.notebook).stem, f"{ex.id}-checks") not in cells:
+                raise GradebookError(
+                    f"the gradebook {path} has no graded cell {ex.id}-checks in "
+                    f"{ex.notebook}; {setup}"
+                )
+
+
+def write_nbgrader_gradebook(
+    results: list[SubmissionResult], path: Path, manifest: Manifest
+) -> None:
+    """Put each exercise's score into nbgrader's gradebook, as the automatic score of its
+    check cell (a manual score an instructor gave stays in force)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{Path(path).resolve()}") as gb:
+        for r in results:
+            gb.update_or_create_student(r.id)
+            try:
+                gb.find_submission(manifest.assignment, r.id)
+            except MissingEntry:
+                gb.add_submission(manifest.assignment, r.id)
+            for e in r.exercises:
+                ex = manifest.exercise(e.name)
+                cell = f"{ex.id}-checks"
+                grade = gb.find_grade(cell, Path(ex.notebook).stem, manifest.assignment, r.id)
+                grade.auto_score = e.score
+            gb.db.commit()

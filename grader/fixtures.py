@@ -5,7 +5,8 @@ note what the student's code did.
 """
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -47,15 +48,23 @@ def lenet_replicas(seed: int, devices: list[torch.device]) -> list[list[Tensor]]
 
 @contextlib.contextmanager
 def pretend_gpus(n: int) -> Iterator[None]:
-    """Make `torch.cuda` report `n` GPUs while the block runs (nothing is allocated on them)."""
+    """Make the machine look as if it had `n` GPUs while the block runs: `torch.cuda` reports
+    them, and the lab's own helpers (d2l.gpu, d2l.num_gpus, ...) follow the book's rules for
+    them, not the stand-ins'. Nothing is allocated on them."""
     cuda = torch.cuda
     saved = cuda.device_count, cuda.is_available
+    mode = os.environ.get("DPLAB_DEVICES")
     cuda.device_count = lambda: n
     cuda.is_available = lambda: n > 0
+    os.environ["DPLAB_DEVICES"] = "real"
     try:
         yield
     finally:
         cuda.device_count, cuda.is_available = saved
+        if mode is None:
+            os.environ.pop("DPLAB_DEVICES", None)
+        else:
+            os.environ["DPLAB_DEVICES"] = mode
 
 
 class RecordedBatches:
@@ -70,6 +79,34 @@ class RecordedBatches:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         self.log.append(("pass", self.tag))
         yield from self.batches
+
+
+class FirstBatches:
+    """The first `per_pass` batches of each pass over `batches`: an epoch of fixed length."""
+
+    def __init__(self, batches: Iterable, per_pass: int) -> None:
+        self.batches, self.per_pass = batches, per_pass
+
+    def __len__(self) -> int:
+        return self.per_pass
+
+    def __iter__(self) -> Iterator:
+        for number, batch in enumerate(self.batches):
+            if number == self.per_pass:
+                return
+            yield batch
+
+
+def which_replica(replicas: list[list[Tensor]], params) -> int:
+    """Return the number of the replica `params` is (a list of parameters), or -1."""
+    try:
+        first = params[0]
+    except (TypeError, IndexError, KeyError):
+        return -1
+    for number, replica in enumerate(replicas):
+        if params is replica or (replica and first is replica[0]):
+            return number
+    return -1
 
 
 def batch_name(batches: dict[str, list[tuple[Tensor, Tensor]]], X: Tensor) -> str:

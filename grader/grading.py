@@ -1,11 +1,24 @@
 """Grade one submission: find its notebooks, run its cases in a fenced child, judge, report.
 
-    find_submission -> plan -> run_isolated -> judge -> SubmissionResult
+    find_submission -> plan -> run_isolated -> time_against_the_reference -> judge
+        -> SubmissionResult
 
 Student code runs only in the child (see grader.child and grader.fence). This process sends
 it the cases and their inputs, reads back plain data, and decides every verdict. When the
 child dies or runs out of time, the exercise it was on gets zero with the reason, and a new
 child carries on with the next exercise.
+
+Limits stop loops, not slow correct code:
+- a case may use `check_seconds` of *processor* time (per thread), which a busy machine does
+  not inflate; the child stops it with TimeLimit, and this process kills a child that
+  ignores the stop;
+- a child that computes nothing for `idle_seconds` while a case runs is waiting (sleep,
+  input, a lock) and is stopped;
+- wall time is only a backstop, per exercise (`exercise_seconds`);
+- when a case is stopped for processor time, the reference solution runs the same case
+  (instructor side): if the reference too needs more than a tenth of the limit on this
+  machine, the machine is the slow one, and the case runs again with ten times the
+  reference's time; otherwise the message gives both times.
 """
 
 import hashlib
@@ -21,18 +34,17 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from dplab.devices import lab_devices
+from dplab.devices import grading_devices, grading_mode
 from grader.api import Case, Check, Context
 from grader.fence import choose_fence, limit_process, next_child_uid, private_paths
 from grader.judge import judge_exercise
-from grader.loader import load_notebook
 from grader.manifest import Exercise, load_manifest, solutions_dir
+from grader.reference import available, held_sources, reference
 from grader.registry import diagnoser, exercise_checks
 from grader.report import ExerciseResult, SubmissionResult, submission_result
 from grader.runner import unique_cases
@@ -46,9 +58,10 @@ MAX_FRAME = 512 * 2**20
 class Limits:
     """What one grading child may use."""
 
-    check_seconds: float = 60.0  # wall time of one case (0: no limit)
-    exercise_seconds: float = 300.0  # wall time of one exercise, its notebook's loading included
+    check_seconds: float = 60.0  # processor time of one case, per thread (0: no limit)
+    exercise_seconds: float = 900.0  # wall time of one exercise, loading included: a backstop
     memory_gib: float = 4.0  # data memory of the child (0: no limit)
+    idle_seconds: float = 30.0  # a case that computes nothing for this long is stopped
 
 
 def submission_seed(sub_id: str, seed: int) -> int:
@@ -56,7 +69,6 @@ def submission_seed(sub_id: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{sub_id}:{seed}".encode()).digest()[:6], "big")
 
 
-_reference_lock = threading.Lock()
 _children: set[subprocess.Popen] = set()
 _children_lock = threading.Lock()
 
@@ -67,22 +79,6 @@ def stop_all_children() -> None:
         for proc in list(_children):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-
-
-@cache
-def _load_reference(notebook: str) -> dict:
-    path = solutions_dir() / notebook
-    if not path.is_file():
-        raise FileNotFoundError(f"the reference solution {path} is missing; hidden checks need it")
-    return load_notebook(
-        path, load_manifest().training_functions, module_name=f"reference_{Path(notebook).stem}"
-    ).namespace
-
-
-def reference(notebook: str) -> dict:
-    """Return the names defined by the reference solution of `notebook` (instructor side)."""
-    with _reference_lock:
-        return _load_reference(notebook)
 
 
 @dataclass
@@ -152,6 +148,7 @@ def _child_environment(scratch: Path, threads: int) -> dict[str, str]:
     env.update(
         MPLBACKEND="Agg",
         DPLAB_OFFLINE="1",
+        DPLAB_DEVICES=grading_mode(),  # the same devices for every submission on this machine
         DPLAB_FIGURE_DIR=str(scratch),
         MPLCONFIGDIR=str(scratch / ".matplotlib"),
         HOME=str(scratch),
@@ -160,6 +157,66 @@ def _child_environment(scratch: Path, threads: int) -> dict[str, str]:
         TMPDIR=str(scratch / "tmp"),
     )
     return env
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def processor_seconds_of(pid: int) -> float | None:
+    """Return the processor time process `pid` has used, all threads, or None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime and stime
+
+
+def send_reply(fd: int, nonce: str, **fields) -> None:
+    """Write one length-prefixed frame on the pipe the child reads replies from."""
+    buffer = io.BytesIO()
+    torch.save({"nonce": nonce, **fields}, buffer)
+    data = buffer.getvalue()
+    payload = struct.pack(">Q", len(data)) + data
+    while payload:
+        payload = payload[os.write(fd, payload) :]
+
+
+@dataclass
+class Watch:
+    """What the child is doing, as its frames tell, and how much it has computed."""
+
+    exercise: str = ""  # the exercise it is on ("" between exercises)
+    loading: str = ""  # the notebook it is loading
+    statement: tuple[int, int] | None = None  # (code cell, line) of the statement running
+    case: str = ""  # the case running
+    exercise_started: float = 0.0  # wall clock
+    case_cpu: float = 0.0  # processor time at the start of the case
+    cpu: float = 0.0  # processor time, last reading
+    computed_at: float = 0.0  # wall clock of the last reading that had grown
+
+    def culprit(self) -> str:
+        """Say what the child was on, as `run_isolated` reads it (see _run_child)."""
+        if self.loading and self.statement is not None:
+            return f"statement:{self.loading}:{self.statement[0]}:{self.statement[1]}"
+        if self.loading:
+            return f"notebook:{self.loading}"
+        if self.exercise and self.case:
+            return f"case:{self.exercise}:{self.case}"
+        if self.exercise:
+            return f"exercise:{self.exercise}"
+        return ""
+
+
+def held_reply(sub: Submission, exercise: str, asked: list[str], plan) -> list[str] | None:
+    """Return the reference cells for what the exercise's cases hold, or None if there are
+    none to give (no reference here, or a request the plan does not explain)."""
+    ex = load_manifest().exercise(exercise)
+    allowed = {n for _, case, _ in plan for n in case.holds}
+    names = [n for n in asked if n in allowed]
+    if not names or not available(ex.notebook):
+        return None
+    return held_sources(ex.notebook, names)
 
 
 def _run_child(
@@ -181,8 +238,10 @@ def _run_child(
     fence = choose_fence()
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
+    reply_read, reply_write = os.pipe()
     request = {
         "fd": write_fd,
+        "reply_fd": reply_read,
         "nonce": nonce,
         "seed": seed,
         "devices": DEVICES,
@@ -219,10 +278,11 @@ def _run_child(
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
-        pass_fds=(write_fd,),
+        pass_fds=(write_fd, reply_read),
         start_new_session=True,
     )
     os.close(write_fd)
+    os.close(reply_read)
     with _children_lock:
         _children.add(proc)
     try:
@@ -230,29 +290,40 @@ def _run_child(
     except (ProcessLookupError, PermissionError):
         pass  # it has already ended, or the system does not allow it
     reader = FrameReader(nonce)
-    current, started, reason = "", time.monotonic(), ""
-    loading: str = ""
-    statement: tuple[int, int] | None = None
-    running_case = ""
+    now = time.monotonic()
+    watch = Watch(exercise_started=now, computed_at=now)
+    # The child stops a case at the limit itself; this is for a case that ignores the stop.
+    hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
+    reason = ""
     try:
         while True:
             ready, _, _ = select.select([read_fd], [], [], 0.2)
             data = os.read(read_fd, 1 << 20) if ready else b""
+            now = time.monotonic()
             for frame in reader.feed(data):
                 kind = frame["kind"]
-                if kind == "loading":
-                    loading, started = frame["notebook"], time.monotonic()
+                if kind == "exercise-start":
+                    watch.exercise, watch.exercise_started = str(frame["exercise"]), now
+                elif kind == "loading":
+                    watch.loading = str(frame["notebook"])
+                    watch.case_cpu, watch.computed_at = watch.cpu, now
                 elif kind == "statement":
-                    statement = (int(frame["cell"]), int(frame["line"]))
+                    watch.statement = (int(frame["cell"]), int(frame["line"]))
+                    watch.case_cpu, watch.computed_at = watch.cpu, now
                 elif kind == "loaded":
-                    loading = ""
+                    watch.loading, watch.statement = "", None
                     collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
+                elif kind == "held":
+                    asked = [str(n) for n in frame.get("names", [])]
+                    cells = None
+                    if frame.get("exercise") == watch.exercise and watch.exercise in plans:
+                        cells = held_reply(sub, watch.exercise, asked, plans[watch.exercise])
+                    send_reply(reply_write, nonce, cells=cells)
                 elif kind == "case-start":
-                    if frame["exercise"] != current:
-                        current, started = frame["exercise"], time.monotonic()
-                    running_case = frame["case"]
+                    watch.case, watch.case_cpu = str(frame["case"]), watch.cpu
+                    watch.computed_at = now
                 elif kind == "case":
-                    running_case = ""
+                    watch.case = ""
                     collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame[
                         "outcome"
                     ]
@@ -260,15 +331,35 @@ def _run_child(
                     collected.changed[frame["exercise"]] = list(frame.get("changed", []))
                     if frame.get("unloadable"):
                         collected.stopped[frame["exercise"]] = str(frame["unloadable"])
-                    current = ""
+                    watch.exercise = ""
             if reader.broken:
                 reason = reader.broken
                 break
             if ready and not data:  # end of file: the child has closed its end
                 break
-            if limits.exercise_seconds and time.monotonic() - started > limits.exercise_seconds:
-                what = f"loading {loading}" if loading else "this exercise"
-                reason = f"{what} ran past the time limit of {limits.exercise_seconds:g} s"
+            cpu = processor_seconds_of(proc.pid)
+            if cpu is not None:
+                if cpu > watch.cpu + 0.01:
+                    watch.computed_at = now
+                watch.cpu = cpu
+            busy = watch.case or watch.loading  # a case, or a statement while loading
+            if busy and hard_cpu and cpu is not None and cpu - watch.case_cpu > hard_cpu:
+                reason = (
+                    f"it used more than {limits.check_seconds:g} s of processor time, the "
+                    "time limit per check, and did not stop"
+                )
+                break
+            if busy and limits.idle_seconds and now - watch.computed_at > limits.idle_seconds:
+                reason = (
+                    f"it computed nothing for {limits.idle_seconds:g} s: it was waiting "
+                    "(time.sleep, input(), a lock or a pipe)"
+                )
+                break
+            if limits.exercise_seconds and now - watch.exercise_started > limits.exercise_seconds:
+                what = f"loading {watch.loading}" if watch.loading else "this exercise"
+                reason = (
+                    f"{what} ran past the time limit of {limits.exercise_seconds:g} s of wall time"
+                )
                 break
     finally:
         if proc.poll() is None:
@@ -277,18 +368,11 @@ def _run_child(
         with _children_lock:
             _children.discard(proc)
         os.close(read_fd)
+        os.close(reply_write)
         log.close()
-    if not reason and (current or loading or code != 0):
+    if not reason and (watch.exercise or watch.loading or code != 0):
         reason = f"the grading process {describe_exit(code)}"
-    if loading and statement is not None:
-        return f"statement:{loading}:{statement[0]}:{statement[1]}", reason
-    if loading:
-        return f"notebook:{loading}", reason
-    if current and running_case:
-        return f"case:{current}:{running_case}", reason
-    if current:
-        return f"exercise:{current}", reason
-    return "", reason
+    return watch.culprit(), reason
 
 
 def run_isolated(
@@ -345,6 +429,56 @@ def run_isolated(
     return collected
 
 
+MARGIN = 10  # a case may use this many times the reference's processor time
+
+
+def stopped_for_processor_time(outcome: dict) -> bool:
+    """Return True for a case stopped because it used up its processor time."""
+    error = outcome.get("error") or {}
+    return error.get("type") == "TimeLimit" or str(outcome.get("stopped", "")).startswith(
+        "it used more than"
+    )
+
+
+def time_against_the_reference(
+    sub: Submission,
+    checks: dict[str, list[Check]],
+    collected: Collected,
+    seed: int,
+    limits: Limits,
+    threads: int,
+) -> None:
+    """For each case stopped for processor time, time the reference solution on the same
+    case: on a machine too slow for the reference itself, run the case again with MARGIN
+    times the reference's time; otherwise note the reference's time for the message."""
+    for ex in sub.exercises:
+        for case_name, outcome in list(collected.outcomes.get(ex.id, {}).items()):
+            if not stopped_for_processor_time(outcome) or not available(ex.notebook):
+                continue
+            on_case = [c for c in checks[ex.id] if c.case.name == case_name]
+            solutions = solutions_dir() / ex.notebook
+            ref = Submission("reference", solutions, {ex.notebook: solutions}, [ex])
+            timed = run_isolated(
+                ref, {ex.id: on_case}, seed, replace(limits, check_seconds=0), threads
+            )
+            ref_outcome = timed.outcomes.get(ex.id, {}).get(case_name, {})
+            if "cpu_seconds" not in ref_outcome or "error" in ref_outcome:
+                continue
+            needed = float(ref_outcome["cpu_seconds"])
+            if limits.check_seconds * threads < MARGIN * needed:  # the machine is the slow one
+                again = run_isolated(
+                    sub,
+                    {ex.id: on_case},
+                    seed,
+                    replace(limits, check_seconds=MARGIN * needed / threads),
+                    threads,
+                )
+                outcome = again.outcomes.get(ex.id, {}).get(case_name, outcome)
+            if stopped_for_processor_time(outcome):
+                outcome = {**outcome, "reference_cpu": needed}
+            collected.outcomes[ex.id][case_name] = outcome
+
+
 def judge_one(
     ex: Exercise,
     checks: list[Check],
@@ -371,7 +505,7 @@ def judge_one(
         missing = f"{ex.notebook} could not be loaded: " + "; ".join(
             collected.notes.get(ex.notebook, [])
         )
-    ctx = Context(seed, lab_devices(DEVICES), reference(ex.notebook) if hidden else None)
+    ctx = Context(seed, grading_devices(DEVICES), reference(ex.notebook) if hidden else None)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)
 
 
@@ -390,7 +524,10 @@ def grade_submission(
     """Grade one submission end to end and return its result."""
     sub_seed = submission_seed(sub.id, seed)
     checks = {ex.id: exercise_checks(ex, include_hidden=hidden) for ex in sub.exercises}
-    collected = run_isolated(sub, checks, sub_seed, limits, threads or default_threads())
+    threads = threads or default_threads()
+    collected = run_isolated(sub, checks, sub_seed, limits, threads)
+    if hidden:  # the instructor's side, where the reference solutions are
+        time_against_the_reference(sub, checks, collected, sub_seed, limits, threads)
     results = [
         judge_one(ex, checks[ex.id], sub, collected, sub_seed, hidden) for ex in sub.exercises
     ]

@@ -1,10 +1,10 @@
 """Judge the outcomes of an exercise's cases, check by check, in the grader's own process."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from grader.api import Check, Context, Fail
+from grader.api import Check, Context, Crash, Fail, Raised, raised_in
 from grader.report import CheckResult, ExerciseResult, exercise_result
-from grader.runner import Raised
 from grader.transport import unpack
 
 Diagnose = Callable[[Raised], str | None]
@@ -58,6 +58,24 @@ def error_message(raised: Raised, function: str) -> str:
     return f"calling `{function}` raised {raised.type}: {raised.message}{where}"
 
 
+def reference_time(outcome: dict) -> str:
+    """Say how long the reference took on the same case, where the grader timed it."""
+    if "reference_cpu" not in outcome:
+        return ""
+    return (
+        f"; the reference solution needs {float(outcome['reference_cpu']):.1f} s of processor "
+        "time on the same case on this machine"
+    )
+
+
+@dataclass
+class Verdict:
+    """A check's result, and the crash that decided it (if one did)."""
+
+    result: CheckResult
+    crash: Raised | None = None
+
+
 def judge_check(
     check: Check,
     outcome: dict | None,
@@ -66,13 +84,24 @@ def judge_check(
     diagnose: Diagnose,
     verdicts: dict[str, bool],
     missing: str = "",
-) -> CheckResult:
+) -> Verdict:
     """Return the verdict on one check from its case's outcome."""
 
-    def failed(message: str, hint: str | None) -> CheckResult:
-        return CheckResult(
+    def failed(message: str, hint: str | None, crash: Raised | None = None) -> Verdict:
+        if check.case.holds and outcome is not None and outcome.get("held") is False:
+            names = ", ".join(check.case.holds)
+            message += (
+                f" (this ran with your own {names}; the grader holds them right with the "
+                "reference solution, so only this function counts there)"
+            )
+        result = CheckResult(
             check.name, False, 0.0, check.points, message, hint or check.hint, check.hidden
         )
+        return Verdict(result, crash)
+
+    def crashed(raised: Raised) -> Verdict:
+        hint = common_hint(raised, function) or diagnose(raised)
+        return failed(error_message(raised, function), hint, raised)
 
     if outcome is None:
         return failed(missing or "this check's case did not run", None)
@@ -80,19 +109,57 @@ def judge_check(
         if not verdicts.get(before, False):
             return failed(f"not judged until `{before}` passes", f"Fix `{before}` first.")
     if "stopped" in outcome:
-        return failed(str(outcome["stopped"]), LIMIT_HINT)
+        return failed(str(outcome["stopped"]) + reference_time(outcome), LIMIT_HINT)
     if "error" in outcome:
-        raised = Raised.from_data(outcome["error"])
-        hint = common_hint(raised, function) or diagnose(raised)
-        return failed(error_message(raised, function), hint)
+        verdict = crashed(Raised.from_data(outcome["error"]))
+        verdict.result.message += reference_time(outcome)
+        return verdict
     seen = unpack(outcome.get("value"))
     try:
         check.judge(seen, ctx.for_case(check.case.name))
+    except Crash as crash:  # the check needed a call that raised
+        return crashed(crash.raised)
     except Fail as fail:
-        return failed(fail.message, fail.hint)
+        crash = raised_in(seen)
+        if crash is None:
+            return failed(fail.message, fail.hint)
+        # What was recorded before the crash was not enough: say where it stopped.
+        message = f"{fail.message}; `{function}` stopped early: {error_message(crash, function)}"
+        hint = fail.hint or check.hint
+        about = common_hint(crash, function) or diagnose(crash)
+        if about and not says_the_same(about, hint):
+            hint += f" About the error it stopped with: {about}"
+        return failed(message, hint, crash)
     except Exception as error:  # a result of a shape the check did not foresee
         return failed(f"the result could not be judged ({type(error).__name__}: {error})", None)
-    return CheckResult(check.name, True, check.points, check.points, "", "", check.hidden)
+    return Verdict(CheckResult(check.name, True, check.points, check.points, "", "", check.hidden))
+
+
+def says_the_same(one: str, other: str) -> bool:
+    """Return True when many of the longer words of `one` are in `other` already."""
+
+    def words(text: str) -> set[str]:
+        return {w.strip(".,:;`'").lower() for w in text.split() if len(w) > 3}
+
+    mine = words(one)
+    return bool(mine) and len(mine & words(other)) >= 0.4 * len(mine)
+
+
+NOT_A_CRASH = ("NotImplementedError", "MissingFunction")  # nothing written: nothing blocked
+
+
+def name_what_a_crash_blocked(verdicts: list[Verdict]) -> None:
+    """Add to each check failed by a crash the other checks the same crash failed."""
+    groups: dict[tuple[str, str, str], list[CheckResult]] = {}
+    for v in verdicts:
+        if v.crash is not None and v.crash.type not in NOT_A_CRASH:
+            key = (v.crash.type, v.crash.message, v.crash.where)
+            groups.setdefault(key, []).append(v.result)
+    for results in groups.values():
+        if len(results) > 1:
+            for r in results:
+                others = ", ".join(o.name for o in results if o is not r)
+                r.message += f" (the same error also failed: {others})"
 
 
 def judge_exercise(
@@ -107,11 +174,12 @@ def judge_exercise(
 ) -> ExerciseResult:
     """Judge every check of an exercise in order (so `after` can look at earlier verdicts)."""
     verdicts: dict[str, bool] = {}
-    results = []
+    judged = []
     for c in checks:
-        result = judge_check(
+        verdict = judge_check(
             c, outcomes.get(c.case.name), ctx, function, diagnose, verdicts, missing
         )
-        verdicts[c.name] = result.passed
-        results.append(result)
-    return exercise_result(exercise_id, results, notes)
+        verdicts[c.name] = verdict.result.passed
+        judged.append(verdict)
+    name_what_a_crash_blocked(judged)
+    return exercise_result(exercise_id, [v.result for v in judged], notes)

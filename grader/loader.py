@@ -115,6 +115,7 @@ def load_notebook(
     statement_seconds: float | None = None,
     skip_statements: frozenset[tuple[int, int]] = frozenset(),
     before_statement: Callable[[int, int], None] | None = None,
+    label: str = "code cell",
 ) -> Loaded:
     """Run the notebook's definitions into a fresh module namespace; see the module docstring.
 
@@ -123,18 +124,45 @@ def load_notebook(
     called before each statement runs.
     """
     path = Path(path)
-    install_d2l_alias()
     name = module_name or f"submission_{path.stem.replace('-', '_')}"
-    module = types.ModuleType(name)
+    return load_cells(
+        read_cells(path),
+        path,
+        skip_calls,
+        name,
+        statement_seconds,
+        skip_statements,
+        before_statement,
+        label,
+    )
+
+
+def load_cells(
+    cells: list[str],
+    path: Path,
+    skip_calls: frozenset[str] = frozenset(),
+    module_name: str = "cells",
+    statement_seconds: float | None = None,
+    skip_statements: frozenset[tuple[int, int]] = frozenset(),
+    before_statement: Callable[[int, int], None] | None = None,
+    label: str = "code cell",
+) -> Loaded:
+    """Run code cells (their sources, in order) as `load_notebook` runs a notebook's.
+
+    Each cell's code is named `<NOTEBOOK, LABEL N>`; reports quote the lines of frames
+    named "code cell", the student's, and no others.
+    """
+    install_d2l_alias()
+    module = types.ModuleType(module_name)
     module.__file__ = str(path)
-    sys.modules[name] = module
+    sys.modules[module_name] = module
     loaded = Loaded(path, module.__dict__)
     skip_calls = skip_calls | NEVER_CALLED
-    for number, raw in enumerate(read_cells(path), start=1):
+    for number, raw in enumerate(cells, start=1):
         source, note = strip_magics(raw)
         if note:
             loaded.notes.append(f"code cell {number}: {note}")
-        filename = f"<{path.name}, code cell {number}>"
+        filename = f"<{path.name}, {label} {number}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             tree = ast.parse(source, filename=filename)

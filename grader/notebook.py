@@ -11,11 +11,12 @@ import os
 import warnings
 from collections.abc import Callable
 
-from dplab.devices import lab_devices
+from dplab.devices import grading_devices
 from grader.api import Context, Student
-from grader.grading import DEVICES, reference
+from grader.grading import DEVICES
 from grader.judge import judge_exercise
 from grader.manifest import Exercise, load_manifest
+from grader.reference import reference_if_available
 from grader.registry import diagnoser, hidden_checks, public_checks
 from grader.report import CheckResult, exercise_result, render_exercise
 from grader.runner import run_checks
@@ -42,8 +43,10 @@ def _namespace(ex: Exercise, function: Callable | None) -> dict:
 def _run(ex: Exercise, namespace: dict, hidden: bool) -> list[CheckResult]:
     checks = hidden_checks(ex) if hidden else public_checks(ex)
     seed = int(os.environ.get("GRADER_SEED", "0"))
-    ctx = Context(seed, lab_devices(DEVICES), reference(ex.notebook) if hidden else None)
-    outcomes = run_checks(checks, Student(namespace, ex.function, "this notebook"), ctx)
+    known = reference_if_available(ex.notebook)  # the instructor's side only
+    ctx = Context(seed, grading_devices(DEVICES), known if hidden else None)
+    student = Student(namespace, ex.function, "this notebook")
+    outcomes = run_checks(checks, student, ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex)).checks
 
 

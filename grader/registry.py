@@ -4,9 +4,8 @@ import dataclasses
 import importlib
 from types import ModuleType
 
-from grader.api import Check
+from grader.api import Check, Raised
 from grader.manifest import Exercise
-from grader.runner import Raised
 
 
 class HiddenChecksUnavailable(RuntimeError):

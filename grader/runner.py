@@ -9,49 +9,15 @@ import io
 import signal
 import threading
 import time
-import traceback
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
-from grader.api import Case, Check, Context, Student
+import torch
+
+from grader.api import Case, Check, Context, Raised, Student, patched
 from grader.transport import pack
 
 MAX_PRINTED = 4000
-MAX_TRACE = 2000
-
-
-@dataclass(frozen=True)
-class Raised:
-    """An exception from the student's code: its type, message and where it happened."""
-
-    type: str
-    message: str
-    where: str
-    trace: str
-
-    @classmethod
-    def from_exception(cls, error: BaseException) -> "Raised":
-        frames = traceback.extract_tb(error.__traceback__)
-        mine = [f for f in frames if "code cell" in f.filename or "<string>" in f.filename]
-        where = ""
-        if mine:
-            last = mine[-1]
-            where = f"{last.filename.strip('<>')}, line {last.lineno}, in {last.name}"
-        trace = "".join(traceback.format_list(mine)) if mine else ""
-        return cls(type(error).__name__, str(error)[:1000], where, trace[-MAX_TRACE:])
-
-    def as_data(self) -> dict:
-        return {
-            "type": self.type,
-            "message": self.message,
-            "where": self.where,
-            "trace": self.trace,
-        }
-
-    @classmethod
-    def from_data(cls, data: dict) -> "Raised":
-        return cls(*(str(data.get(k, "")) for k in ("type", "message", "where", "trace")))
 
 
 def unique_cases(checks: Iterable[Check]) -> list[Case]:
@@ -63,29 +29,52 @@ def unique_cases(checks: Iterable[Check]) -> list[Case]:
 
 
 class TimeLimit(BaseException):
-    """Raised in the student's code when a case runs past its time limit.
+    """Raised in the student's code when a case has used up its processor time.
 
     It derives from BaseException so that a student's `except Exception:` does not swallow it.
     """
 
 
+def processor_seconds() -> float:
+    """Return the processor time this process has used, all its threads together."""
+    return time.process_time()
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise TimeLimit in the block after `seconds` (main thread only; None: no limit)."""
+    """Raise TimeLimit in the block once it has used `seconds` of processor time per thread
+    (main thread only; None: no limit).
+
+    Processor time, not wall time: a busy machine slows a case down but does not make it
+    use more processor time, so a slow machine never stops correct code, while an endless
+    loop is stopped whatever else runs. Code that waits without computing (time.sleep) is
+    caught by the grader's watch on the child (see grader.grading).
+    """
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def alarm(signum, frame):
-        raise TimeLimit(f"it ran past the time limit of {seconds:g} s per check")
+    def stop(signum, frame):
+        raise TimeLimit(f"it ran past the time limit of {seconds:g} s of processor time per check")
 
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, stop)
+    # Processor time adds up over PyTorch's threads: each of them may use the limit.
+    signal.setitimer(signal.ITIMER_PROF, seconds * max(1, torch.get_num_threads()))
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
+def holding(case: Case, student: Student, held: dict | None) -> contextlib.ExitStack:
+    """Return a context in which the names the case holds are the reference's (if given)."""
+    stack = contextlib.ExitStack()
+    if held is not None:
+        for name in case.holds:
+            if name in held:
+                stack.enter_context(patched(student.namespace, name, held[name]))
+    return stack
 
 
 def run_case(
@@ -94,21 +83,24 @@ def run_case(
     ctx: Context,
     arguments: dict | None = None,
     limit: float | None = None,
+    held: dict | None = None,
 ) -> dict:
     """Run one case; return its outcome as plain data (value or error, and printed text).
 
     `arguments` are the case's parameters as computed by the grader (None: compute them
-    here); `limit` is the time limit in seconds.
+    here); `limit` is the time limit in seconds of processor time; `held` is a namespace of
+    the reference solution, whose functions stand in for the names the case holds.
     """
     printed = io.StringIO()
-    started = time.perf_counter()
-    outcome: dict = {"case": case.name}
+    started, cpu_started = time.perf_counter(), processor_seconds()
+    outcome: dict = {"case": case.name, "held": bool(case.holds) and held is not None}
     case_ctx = ctx.for_case(case.name)
     try:
         with (
             contextlib.redirect_stdout(printed),
             contextlib.redirect_stderr(printed),
             warnings.catch_warnings(),
+            holding(case, student, held),
             time_limit(limit),
         ):
             warnings.simplefilter("ignore")
@@ -119,9 +111,12 @@ def run_case(
         outcome["error"] = Raised.from_exception(error).as_data()
     outcome["printed"] = printed.getvalue()[-MAX_PRINTED:]
     outcome["seconds"] = time.perf_counter() - started
+    outcome["cpu_seconds"] = processor_seconds() - cpu_started
     return outcome
 
 
-def run_checks(checks: list[Check], student: Student, ctx: Context) -> dict[str, dict]:
+def run_checks(
+    checks: list[Check], student: Student, ctx: Context, held: dict | None = None
+) -> dict[str, dict]:
     """Run every case the checks need, here and now; return outcomes by case name."""
-    return {c.name: run_case(c, student, ctx) for c in unique_cases(checks)}
+    return {c.name: run_case(c, student, ctx, held=held) for c in unique_cases(checks)}

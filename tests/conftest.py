@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from dplab.devices import lab_devices
+from dplab.devices import grading_devices
 from grader.api import Context, Student
-from grader.grading import DEVICES, reference
+from grader.grading import DEVICES
 from grader.judge import judge_exercise
 from grader.loader import load_notebook
 from grader.manifest import REPO, Exercise, load_manifest
+from grader.reference import reference
 from grader.registry import diagnoser, exercise_checks
 from grader.report import ExerciseResult
 from grader.runner import run_checks
@@ -47,8 +48,9 @@ def fresh_solution(notebook: str) -> dict:
 def grade_in_process(ex: Exercise, namespace: dict, seed: int = 0) -> ExerciseResult:
     """Run an exercise's public and hidden checks on a namespace, in this process."""
     checks = exercise_checks(ex, include_hidden=True)
-    ctx = Context(seed, lab_devices(DEVICES), reference(ex.notebook))
-    outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx)
+    known = reference(ex.notebook)
+    ctx = Context(seed, grading_devices(DEVICES), known)
+    outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
 
 
@@ -70,3 +72,20 @@ def write_notebook(path: Path, *cells: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
+
+
+def notebook_from_script(script: Path, target: Path) -> Path:
+    """Write the percent-format `script` as a notebook at `target`: `# %%` starts a code
+    cell, `# %% [markdown]` a Markdown cell (its lines without the leading `# `); what comes
+    before the first marker is a note for the reader and is left out."""
+    cells: list[str] = []
+    kind = ""
+    for line in script.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# %%"):
+            kind = "markdown" if "[markdown]" in line else "code"
+            cells.append("#md " if kind == "markdown" else "")
+        elif kind == "markdown":
+            cells[-1] += line.removeprefix("#").removeprefix(" ") + "\n"
+        elif kind == "code":
+            cells[-1] += line + "\n"
+    return write_notebook(target, *(c.rstrip("\n") for c in cells))

@@ -4,7 +4,6 @@ import importlib
 
 import pytest
 
-from dplab.devices import num_gpus
 from grader.manifest import load_manifest
 from grader.mistakes import mistakes_of, variant
 from tests.conftest import fresh_solution, grade_in_process
@@ -38,8 +37,6 @@ def test_the_seed_mistakes_are_catalogued():
 
 @pytest.mark.parametrize(("exercise", "name", "mistake"), CATALOGUE)
 def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
-    if mistake.only_without_gpus and num_gpus() >= 2:
-        pytest.skip("this mistake works on two real GPUs")
     namespace = fresh_solution(exercise.notebook)
     exec(compile(mistake.source, f"<mistake {name}>", "exec"), namespace)
     result = grade_in_process(exercise, namespace)

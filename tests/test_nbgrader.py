@@ -1,8 +1,14 @@
 """The real nbgrader workflow on a temporary course, and its agreement with `python -m grader`.
 
-generate_assignment -> submitted/ -> autograde -> generate_feedback -> export, with four
-students: the reference (alice), the stubs (bob), catalogued mistakes (carol), and a correct
-submission whose functions write warnings to stderr (dave, from-scratch notebook only).
+generate_assignment -> submitted/ -> autograde -> generate_feedback
+    -> python -m grader grade submitted --gradebook gradebook.db -> export
+
+with five students: the reference (alice), the stubs (bob), catalogued mistakes (carol), a
+correct submission whose functions write warnings to stderr (dave), and stubs behind a cell
+that replaces `check` with a function that claims every point (mallory); the last two hand
+in the from-scratch notebook only. Autograde runs the checks inside each student's kernel,
+where mallory's cell fools it; the fenced scores that the grader writes into the gradebook
+do not move.
 """
 
 import csv
@@ -13,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from grader.authoring import filled_in, reference_answers
@@ -22,7 +29,18 @@ from tests.conftest import SOLUTIONS, python
 
 MANIFEST = load_manifest()
 ASSIGNMENT = MANIFEST.assignment
+STUDENTS = ("alice", "bob", "carol", "dave", "mallory")
+HONEST = ("alice", "bob", "carol", "dave")
 NBGRADER = str(Path(sys.executable).with_name("nbgrader"))
+
+FAKE_CHECK = """
+import grader
+
+def check(*args, **kwargs):
+    return 11.0
+
+grader.check = check
+"""
 
 NOISY_ALLREDUCE = '''
 import sys, warnings
@@ -91,9 +109,15 @@ def course(tmp_path_factory):
         folder.mkdir(parents=True)
         for name, answers in notebooks.items():
             (folder / name).write_text(json.dumps(filled_in(released / name, answers)))
+    mallory = filled_in(released / "from_scratch.ipynb", {})
+    first_code = next(i for i, c in enumerate(mallory["cells"]) if c["cell_type"] == "code")
+    mallory["cells"].insert(first_code + 1, nbformat.v4.new_code_cell(FAKE_CHECK))
+    folder = course / "submitted" / "mallory" / ASSIGNMENT
+    folder.mkdir(parents=True)
+    (folder / "from_scratch.ipynb").write_text(json.dumps(mallory))
     nbgrader(course, "autograde", ASSIGNMENT, "--force")
+    kernel = gradebook_scores(course)  # what the checks run in the students' kernels gave
     nbgrader(course, "generate_feedback", ASSIGNMENT, "--force")
-    nbgrader(course, "export")
     out = course / "grader.json"
     proc = subprocess.run(
         [
@@ -106,13 +130,17 @@ def course(tmp_path_factory):
             "2",
             "--json",
             str(out),
+            "--gradebook",
+            str(course / "gradebook.db"),
         ],
         capture_output=True,
         text=True,
         timeout=1800,
     )
-    assert proc.returncode == 0, proc.stderr
-    return course, {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    nbgrader(course, "export")
+    graded = {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
+    return course, graded, kernel
 
 
 def gradebook_scores(course: Path) -> dict[str, dict[str, float]]:
@@ -122,7 +150,7 @@ def gradebook_scores(course: Path) -> dict[str, dict[str, float]]:
     scores: dict[str, dict[str, float]] = {}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         for ex in MANIFEST.exercises:
-            for student in ("alice", "bob", "carol", "dave"):
+            for student in STUDENTS:
                 try:
                     grade = gb.find_grade(
                         f"{ex.id}-checks", Path(ex.notebook).stem, ASSIGNMENT, student
@@ -135,17 +163,47 @@ def gradebook_scores(course: Path) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.slow
-def test_gradebook_agrees_with_the_grader_exercise_by_exercise(course):
-    path, graded = course
-    book = gradebook_scores(path)
-    for student, per_exercise in book.items():
+def test_autograde_agrees_with_the_grader_on_honest_notebooks(course):
+    _, graded, kernel = course
+    for student in HONEST:
         ours = {e["name"]: e["score"] for e in graded[student]["exercises"]}
-        assert per_exercise == ours, student
+        assert kernel[student] == ours, student
+
+
+@pytest.mark.slow
+def test_the_gradebook_holds_the_fenced_scores(course):
+    path, graded, _ = course
+    book = gradebook_scores(path)
+    for student in STUDENTS:
+        ours = {e["name"]: e["score"] for e in graded[student]["exercises"]}
+        assert book[student] == ours, student
+
+
+@pytest.mark.slow
+def test_replacing_check_raises_no_score_in_the_gradebook(course):
+    path, graded, kernel = course
+    fooled = sum(kernel["mallory"].values())
+    assert fooled > 0  # in her own kernel, the fake check claimed points
+    assert graded["mallory"]["score"] == 0
+    assert sum(gradebook_scores(path)["mallory"].values()) == 0
+    rows = {row["student_id"]: row for row in csv.DictReader((path / "grades.csv").open())}
+    assert float(rows["mallory"]["score"]) == 0
+
+
+def test_a_gradebook_without_the_assignment_is_refused(tmp_path):
+    proc = subprocess.run(
+        [python(), "-m", "grader", "grade", str(SOLUTIONS), "--gradebook", str(tmp_path / "g.db")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert f"nbgrader generate_assignment {ASSIGNMENT}" in proc.stderr
 
 
 @pytest.mark.slow
 def test_the_reference_gets_full_marks_and_the_stubs_none(course):
-    path, graded = course
+    path, graded, _ = course
     rows = {row["student_id"]: row for row in csv.DictReader((path / "grades.csv").open())}
     assert float(rows["alice"]["score"]) == float(rows["alice"]["max_score"]) == MANIFEST.max_score
     assert float(rows["bob"]["score"]) == 0
@@ -154,7 +212,7 @@ def test_the_reference_gets_full_marks_and_the_stubs_none(course):
 
 @pytest.mark.slow
 def test_catalogued_mistakes_lose_their_points_in_both(course):
-    _, graded = course
+    _, graded, _ = course
     carol = {e["name"]: e["score"] for e in graded["carol"]["exercises"]}
     assert carol["allreduce"] < 11 and carol["train_loop"] < 9 and carol["resnet18"] < 8
     assert carol["get_params"] == 11
@@ -162,7 +220,7 @@ def test_catalogued_mistakes_lose_their_points_in_both(course):
 
 @pytest.mark.slow
 def test_feedback_shows_the_hints(course):
-    path, _ = course
+    path, _, _ = course
     html = (path / "feedback" / "carol" / ASSIGNMENT / "from_scratch.html").read_text()
     assert "only makes the list point at a new tensor" in html
     assert "The loops are swapped" in html
@@ -170,7 +228,7 @@ def test_feedback_shows_the_hints(course):
 
 @pytest.mark.slow
 def test_harmless_stderr_output_does_not_zero_a_correct_cell(course):
-    path, graded = course
-    assert gradebook_scores(path)["dave"]["allreduce"] == 11
+    _, graded, kernel = course
+    assert kernel["dave"]["allreduce"] == 11
     dave = {e["name"]: e["score"] for e in graded["dave"]["exercises"]}
     assert dave["allreduce"] == 11

@@ -97,6 +97,87 @@ def test_synchronize_is_harmless_without_cuda():
     synchronize()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the call is PyTorch's own")
+def test_the_books_cuda_synchronize_runs_where_the_devices_are_stand_ins():
+    devices = lab_devices(2)
+    torch.cuda.synchronize()
+    torch.cuda.synchronize(devices[1])
+
+
+def test_the_english_editions_device_helpers(monkeypatch):
+    monkeypatch.setattr(dplab.devices, "num_gpus", lambda: 0)
+    assert dplab.cpu() == torch.device("cpu")
+    assert dplab.gpu(1) == torch.device("sim:1")  # stand-in 1, like try_gpu(1)
+    monkeypatch.setenv("DPLAB_DEVICES", "real")
+    assert dplab.gpu(1) == torch.device("cuda:1")  # the book's, whether or not it exists
+
+
+@pytest.mark.parametrize(
+    ("mode", "gpus", "wanted"),
+    [
+        ("cpu", 0, "stand-in"),
+        ("auto", 0, "stand-in"),
+        ("auto", 1, "stand-in"),
+        ("auto", 2, "real"),
+        ("stand-in", 4, "stand-in"),
+        ("real", 1, "stand-in"),
+        ("cpu", 4, "stand-in"),
+    ],
+)
+def test_checks_always_run_on_two_distinct_devices(monkeypatch, mode, gpus, wanted):
+    monkeypatch.setenv("DPLAB_DEVICES", mode)
+    monkeypatch.setattr(dplab.devices, "num_gpus", lambda: gpus)
+    assert dplab.devices.grading_mode() == wanted
+
+
+def test_the_exercises_are_not_in_the_labs_d2l():
+    with pytest.raises(AttributeError, match="you write `split_batch` yourself"):
+        dplab.split_batch  # noqa: B018 (the attribute access is the test)
+
+
+# ---- the residual block, in either edition's form -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((64, 128), {"use_1x1conv": True, "strides": 2}),  # d2l 2.0
+        ((128,), {"use_1x1conv": True, "strides": 2}),  # d2l 1.0
+        ((128, True, 2), {}),
+        ((64,), {"num_channels": 128, "use_1x1conv": True, "strides": 2}),
+        ((), {"input_channels": 64, "num_channels": 128, "use_1x1conv": True, "strides": 2}),
+    ],
+)
+def test_residual_takes_either_editions_arguments(args, kwargs):
+    torch.manual_seed(0)
+    block = dplab.Residual(*args, **kwargs)
+    out = block(torch.randn(2, 64, 8, 8))
+    assert out.shape == (2, 128, 4, 4)
+    shapes = [tuple(p.shape) for p in block.parameters()]
+    assert shapes == [tuple(p.shape) for p in dplab.Residual(64, 128, True, 2).parameters()]
+
+
+def test_residual_of_the_english_edition_is_lazy_until_it_runs():
+    block = dplab.Residual(32)
+    assert isinstance(block.conv1, nn.LazyConv2d)
+    block(torch.randn(1, 32, 6, 6))
+    assert type(block.conv1) is nn.Conv2d and block.conv1.in_channels == 32
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "says"),
+    [
+        ((), {}, "needs the number of channels"),
+        ((64, 128), {"num_channels": 128}, "got the channels twice"),
+        ((64,), {"channels": 3}, "unexpected arguments"),
+    ],
+)
+def test_residual_explains_arguments_it_cannot_take(args, kwargs, says):
+    with pytest.raises(TypeError, match=says) as error:
+        dplab.Residual(*args, **kwargs)
+    assert "Residual(num_channels, use_1x1conv=False, strides=1) (d2l 1.0)" in str(error.value)
+
+
 # ---- training helpers ---------------------------------------------------------------------
 
 

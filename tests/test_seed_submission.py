@@ -2,11 +2,9 @@
 
 import json
 import subprocess
-import time
 
 import pytest
 
-from dplab.devices import num_gpus
 from tests.conftest import python, write_notebook
 
 BOOK_STYLE = [
@@ -98,17 +96,15 @@ def graded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("class") / "alice" / "multigpu"
     write_notebook(folder / "from_scratch.ipynb", *BOOK_STYLE)
     out = folder.parent / "r.json"
-    started = time.perf_counter()
     proc = subprocess.run(
         [python(), "-m", "grader", "grade", str(folder), "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    seconds = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr
     (sub,) = json.loads(out.read_text())["submissions"]
-    return sub, seconds
+    return sub
 
 
 def exercise(sub, name):
@@ -120,19 +116,18 @@ def failed(sub, name):
 
 
 def test_the_final_training_call_is_not_run(graded):
-    sub, seconds = graded
-    assert seconds < 120  # ten epochs of the real training would take many minutes
+    sub = graded
     assert any("did not run this call of train(...)" in n for n in sub["notes"])
     assert sub["id"] == "alice"
 
 
 def test_a_correct_allreduce_gets_full_marks(graded):
-    sub, _ = graded
+    sub = graded
     assert exercise(sub, "allreduce")["score"] == exercise(sub, "allreduce")["max_score"]
 
 
 def test_the_books_get_params_is_caught_sharing_memory(graded):
-    sub, _ = graded
+    sub = graded
     fails = failed(sub, "get_params")
     assert "copies_are_independent_of_the_originals" in fails
     assert (
@@ -141,7 +136,7 @@ def test_the_books_get_params_is_caught_sharing_memory(graded):
 
 
 def test_missing_warm_up_and_notebook_cost_only_their_exercises(graded):
-    sub, _ = graded
+    sub = graded
     assert exercise(sub, "try_gpu")["score"] == 0
     assert "`try_gpu` is not defined" in exercise(sub, "try_gpu")["checks"][0]["message"]
     assert exercise(sub, "resnet18")["score"] == 0
@@ -150,13 +145,11 @@ def test_missing_warm_up_and_notebook_cost_only_their_exercises(graded):
 
 
 def test_the_books_scatter_works_on_stand_in_devices_too(graded):
-    sub, _ = graded
+    sub = graded
     assert set(failed(sub, "split_batch")) == {"rejects_mismatched_lengths_with_a_message"}
     assert exercise(sub, "train_batch")["score"] == exercise(sub, "train_batch")["max_score"]
 
 
-@pytest.mark.skipif(num_gpus() >= 1, reason="torch.cuda.synchronize() works with a GPU")
-def test_cuda_only_calls_get_hints_without_gpus(graded):
-    sub, _ = graded
-    loop = failed(sub, "train_loop")
-    assert "d2l.synchronize(devices)" in loop["visits_every_batch_once_per_epoch"]["hint"]
+def test_the_books_loop_with_torch_cuda_synchronize_gets_full_marks(graded):
+    sub = graded
+    assert failed(sub, "train_loop") == {}

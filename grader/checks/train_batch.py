@@ -4,13 +4,18 @@ The yardstick is plain SGD on one device: the summed loss of the whole batch, ba
 and an update divided by the whole batch size. After a correct data-parallel step every
 replica equals that. When a replica does not, the checks compare it with what each
 well-known mistake would give, and name the one that matches.
+
+`train_batch` calls the notebook's `split_batch`, `allreduce`, `lenet` and `loss`; the
+cases hold them right (see grader.api), so that only `train_batch` itself is judged here.
+Every forward pass is recorded: each device must run its own replica on its own shard,
+not one device the whole batch.
 """
 
 import torch
 
 import dplab
-from grader.api import Fail, case, check, close, expect, expect_close
-from grader.fixtures import cycle, lenet_loss, random_batch
+from grader.api import Fail, case, check, close, expect, expect_close, patched
+from grader.fixtures import cycle, lenet_loss, random_batch, which_replica
 from grader.transport import SeenTensor
 
 LR = 0.1
@@ -24,16 +29,28 @@ def start(seed: int) -> list[torch.Tensor]:
     return dplab.lenet_params(scale=SCALE, seed=seed)
 
 
-@case
-def random_steps(student, ctx, n: int, k: int, steps: int = 1) -> list:
-    """Make k replicas and call train_batch `steps` times on random batches of n examples."""
+HELD = ("split_batch", "allreduce", "lenet", "loss")
+
+
+@case(holds=HELD)
+def random_steps(student, ctx, n: int, k: int, steps: int = 1) -> dict:
+    """Make k replicas and call train_batch `steps` times on random batches of n examples,
+    noting every forward pass: its device, its rows and the replica it ran with."""
     devices = cycle(ctx.devices, k)
     replicas = [[t.to(d).requires_grad_() for t in start(ctx.seed)] for d in devices]
+    forwards: list[list] = []
+    model = student.get("lenet", dplab.lenet)
+
+    def lenet(X, params):
+        forwards.append([str(X.device), int(X.shape[0]), which_replica(replicas, params)])
+        return model(X, params)
+
     gen = ctx.generator()
-    for _ in range(steps):
-        X, y = random_batch(gen, n)
-        student.fn(X, y, replicas, devices, LR)
-    return replicas
+    with patched(student.namespace, "lenet", lenet):
+        for _ in range(steps):
+            X, y = random_batch(gen, n)
+            student.fn(X, y, replicas, devices, LR)
+    return {"replicas": replicas, "forwards": forwards}
 
 
 def gradients(params: list[torch.Tensor], X: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -121,7 +138,7 @@ def diagnosis(seen, seed: int, n: int, k: int) -> str | None:
 
 def expect_plain_sgd(seen, ctx, n: int, k: int, steps: int = 1) -> None:
     """Fail unless every replica equals `steps` plain SGD steps; name a matching mistake."""
-    replicas = replicas_of(seen, k)
+    replicas = replicas_of(seen["replicas"], k)
     before = start(ctx.seed)
     wanted = expected_after(ctx.seed, n, steps)
     for r, replica in enumerate(replicas):
@@ -155,7 +172,7 @@ two_steps = random_steps.using(
 )
 
 
-@check(even_split, points=3, hint=ORDER_HINT)
+@check(even_split, points=2, hint=ORDER_HINT)
 def every_replica_matches_one_sgd_step(seen, ctx):
     """After one step every replica equals one SGD step on the whole batch on one device."""
     expect_plain_sgd(seen, ctx, n=8, k=2)
@@ -175,8 +192,8 @@ def uneven_split_matches_one_sgd_step(seen, ctx):
 )
 def replicas_stay_identical(seen, ctx):
     """All replicas hold the same values after the step."""
-    first = seen[0]
-    for r, replica in enumerate(seen[1:], start=1):
+    first = seen["replicas"][0]
+    for r, replica in enumerate(seen["replicas"][1:], start=1):
         for i, (a, b) in enumerate(zip(first, replica, strict=True)):
             expect(torch.equal(a.value, b.value), f"{NAMES[i]} differs between device 0 and {r}")
 
@@ -189,10 +206,28 @@ def replicas_stay_identical(seen, ctx):
 )
 def gradients_are_zeroed_after_the_step(seen, ctx):
     """After the step every replica's gradients are zero (or None)."""
-    for r, replica in enumerate(seen):
+    for r, replica in enumerate(seen["replicas"]):
         for i, t in enumerate(replica):
             if t.grad is not None and bool(t.grad.value.abs().max() > 0):
                 raise Fail(f"the grad of {NAMES[i]} on device {r} is not zero after the step")
+
+
+@check(
+    even_split,
+    points=1,
+    hint="Split the batch with split_batch and run each shard through lenet with the "
+    "replica on the same device: zip(X_shards, y_shards, device_params).",
+)
+def each_device_runs_its_replica_on_its_shard(seen, ctx):
+    """With 8 examples over two devices, replica 0 runs 4 rows on the first device and
+    replica 1 runs 4 rows on the second: the work is split, not done by one device."""
+    wanted = sorted([str(d), 4, r] for r, d in enumerate(ctx.devices[:2]))
+    got = sorted(seen["forwards"])
+    expect(
+        got == wanted,
+        "the forward passes ran as [device, rows, replica] "
+        f"{got}, expected {wanted}: each device its own shard with its own replica",
+    )
 
 
 @check(

@@ -2,8 +2,14 @@
 
 The checks pass a tiny network (one convolution, batch norm, a linear layer) instead of
 ResNet-18, so that a few steps take a fraction of a second on a CPU, and record what the
-student's code does with it: how it is wrapped, how it is initialised, when it runs in
-training or evaluation mode, and whether its loss falls.
+student's code does with it: how it is wrapped, how it is initialised, which devices run
+each minibatch, when it runs in training or evaluation mode, and whether its loss falls.
+
+Each check judges one thing with the rest held right. The network comes already on the
+first device, so that code which forgets `net.to(devices[0])` (as the book's does) loses
+only the check about that, which alone hands over a network left on the CPU. The loop runs
+for the book's ten epochs, the default of `num_epochs`; a call that raises partway still
+leaves what it did before to be judged.
 """
 
 import contextlib
@@ -13,12 +19,12 @@ import torch
 from torch import nn
 
 import dplab
-from grader.api import case, check, expect, patched
+from grader.api import attempt, case, check, expect, patched
 from grader.fixtures import RecordedBatches, batch_name, quiet_animator, sample_images
 from grader.transport import SeenTensor
 
-LR = 1.0
-EPOCHS = 3
+LR = 0.5
+EPOCHS = 10
 
 
 def tiny_net(seed: int, batch_norm: bool = True) -> nn.Sequential:
@@ -43,20 +49,32 @@ def state(net: nn.Module) -> dict:
     return {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
 
 
-def as_device_name(d) -> str:
-    """Return the name of a device given as an int (a CUDA index), a string or a torch.device."""
-    return f"cuda:{d}" if isinstance(d, int) else str(torch.device(d))
-
-
-def wrap_devices(ctx) -> list[torch.device]:
-    """Return the two devices to train on: two GPUs, or two stand-ins."""
-    return ctx.devices[:2]
+def as_device_name(d, devices: list[torch.device]) -> str:
+    """Return the name of a device given as an int (device number i of the machine, as
+    nn.DataParallel reads it: on stand-ins, stand-in i), a string or a torch.device."""
+    if isinstance(d, int):
+        return str(torch.device(devices[0].type, d))
+    return str(torch.device(d))
 
 
 @case
-def training_run(student, ctx, lr: float, num_epochs: int, batch_norm: bool = True) -> dict:
-    """Train a tiny network with the student's train(...) and record what happened."""
+def training_run(
+    student,
+    ctx,
+    lr: float,
+    num_epochs: int = EPOCHS,
+    batch_norm: bool = True,
+    placed: bool = True,
+    reverse: bool = False,
+) -> dict:
+    """Train a tiny network with the student's train(...) and record what happened.
+
+    `placed`: the network comes on the first device (else on the CPU); `reverse`: the two
+    devices are given in the other order."""
+    devices = ctx.devices[:2][::-1] if reverse else ctx.devices[:2]
     net = tiny_net(ctx.seed, batch_norm)
+    if placed:
+        net.to(devices[0])
     batches = tiny_batches()
     log: list = []
     wraps: list = []
@@ -68,7 +86,7 @@ def training_run(student, ctx, lr: float, num_epochs: int, batch_norm: bool = Tr
                     "is_the_net": module is net,
                     "device_ids": None
                     if device_ids is None
-                    else [as_device_name(d) for d in device_ids],
+                    else [as_device_name(d, devices) for d in device_ids],
                     "devices_of_parameters": sorted({str(p.device) for p in module.parameters()}),
                     "state": state(module),
                 }
@@ -76,7 +94,8 @@ def training_run(student, ctx, lr: float, num_epochs: int, batch_norm: bool = Tr
             super().__init__(module, device_ids, output_device, dim)
 
     def note_forward(module, inputs):
-        log.append(("forward", bool(module.training), batch_name(batches, inputs[0])))
+        X = inputs[0]
+        log.append(("forward", bool(module.training), batch_name(batches, X), str(X.device)))
 
     net.register_forward_pre_hook(note_forward)
     data = (
@@ -84,6 +103,7 @@ def training_run(student, ctx, lr: float, num_epochs: int, batch_norm: bool = Tr
         RecordedBatches(batches["test"], "test", log),
     )
     printed = io.StringIO()
+    fn = student.fn
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(nn, "DataParallel", RecordingDataParallel))
         stack.enter_context(patched(nn.parallel, "DataParallel", RecordingDataParallel))
@@ -91,16 +111,24 @@ def training_run(student, ctx, lr: float, num_epochs: int, batch_norm: bool = Tr
             stack.enter_context(patched(student.namespace, "DataParallel", RecordingDataParallel))
         stack.enter_context(patched(dplab, "Animator", quiet_animator(log)))
         stack.enter_context(contextlib.redirect_stdout(printed))
-        student.fn(
+        call = attempt(
+            fn,
             net,
-            num_gpus=len(wrap_devices(ctx)),
+            num_gpus=len(devices),
             batch_size=16,
             lr=lr,
             num_epochs=num_epochs,
             data=data,
-            devices=wrap_devices(ctx),
+            devices=devices,
         )
-    return {"wraps": wraps, "log": log, "final": state(net), "printed": printed.getvalue()}
+    return {
+        "raised": call["raised"],
+        "devices": [str(d) for d in devices],
+        "wraps": wraps,
+        "log": log,
+        "final": state(net),
+        "printed": printed.getvalue(),
+    }
 
 
 def loss_of(weights: dict, batch_norm: bool = True) -> float:
@@ -127,11 +155,11 @@ def the_wrap(seen: dict) -> dict:
     return mine[0]
 
 
-three_short_epochs = training_run.using(
-    "three_short_epochs",
-    "Three epochs of two batches of 16 images, learning rate 1.0, with a tiny network.",
+ten_short_epochs = training_run.using(
+    "ten_short_epochs",
+    "Ten epochs of two batches of 16 images, learning rate 0.5, with a tiny network placed "
+    "on the first device.",
     lr=LR,
-    num_epochs=EPOCHS,
 )
 learning_rate_zero = training_run.using(
     "learning_rate_zero",
@@ -139,33 +167,49 @@ learning_rate_zero = training_run.using(
     lr=0.0,
     num_epochs=1,
 )
+net_left_on_the_cpu = training_run.using(
+    "net_left_on_the_cpu",
+    "One epoch with the tiny network handed over on the CPU.",
+    lr=LR,
+    num_epochs=1,
+    placed=False,
+)
+devices_in_the_other_order = training_run.using(
+    "devices_in_the_other_order",
+    "One epoch on the two devices given in the other order (the second one first).",
+    lr=LR,
+    num_epochs=1,
+    reverse=True,
+)
 
 
 @check(
-    three_short_epochs,
+    devices_in_the_other_order,
     points=1,
-    hint="Wrap once, before training: net = nn.DataParallel(net, device_ids=devices).",
+    hint="Wrap once, before training, on the devices you are given: "
+    "net = nn.DataParallel(net, device_ids=devices).",
 )
 def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
-    """The network is wrapped once in nn.DataParallel, with exactly the devices given."""
+    """The network is wrapped once in nn.DataParallel, with exactly the devices given, in
+    the order given."""
     wrap = the_wrap(seen)
-    wanted = [str(d) for d in wrap_devices(ctx)]
     expect(
-        wrap["device_ids"] == wanted,
-        f"nn.DataParallel got device_ids={wrap['device_ids']}, expected {wanted}",
+        wrap["device_ids"] == seen["devices"],
+        f"nn.DataParallel got device_ids={wrap['device_ids']}, expected {seen['devices']}",
     )
 
 
 @check(
-    three_short_epochs,
+    net_left_on_the_cpu,
     points=1,
     hint="nn.DataParallel wants the module on device_ids[0] already: call "
     "net.to(devices[0]) before wrapping it.",
 )
 def puts_the_net_on_the_first_device_before_wrapping(seen, ctx):
-    """When it is wrapped, every parameter of the network is on the first device."""
+    """Handed a network on the CPU, it moves every parameter to the first device before
+    wrapping it."""
     wrap = the_wrap(seen)
-    wanted = [str(ctx.devices[0])]
+    wanted = [seen["devices"][0]]
     expect(
         wrap["devices_of_parameters"] == wanted,
         f"when wrapped, the parameters were on {wrap['devices_of_parameters']}, expected {wanted}",
@@ -190,13 +234,13 @@ def initialises_weights_with_std_0_01(seen, ctx):
 
 
 @check(
-    three_short_epochs,
+    ten_short_epochs,
     points=2,
     hint="Each minibatch: zero the gradients, move X and y to devices[0], compute the loss "
     "of net(X), call backward, then step the optimizer.",
 )
 def loss_falls_on_a_small_fixed_batch(seen, ctx):
-    """After three epochs the training loss is lower than it was right after initialisation."""
+    """After ten epochs the training loss is lower than it was right after initialisation."""
     before = loss_of(the_wrap(seen)["state"])
     after = loss_of(seen["final"])
     expect(
@@ -207,7 +251,28 @@ def loss_falls_on_a_small_fixed_batch(seen, ctx):
 
 
 @check(
-    three_short_epochs,
+    ten_short_epochs,
+    points=1,
+    hint="Run each minibatch through the nn.DataParallel wrapper, net(X), not through the "
+    "network inside it: the wrapper is what splits the minibatch across the devices.",
+)
+def every_minibatch_is_split_across_the_devices(seen, ctx):
+    """Every training minibatch runs in parts on both devices: no device sits idle."""
+    ran_on: dict[str, set[str]] = {}
+    for e in seen["log"]:
+        if e[0] == "forward" and e[2].startswith("train"):
+            ran_on.setdefault(e[2], set()).add(e[3])
+    expect(ran_on, "no training minibatch went through the network")
+    devices = set(seen["devices"])
+    for batch, used in sorted(ran_on.items()):
+        expect(
+            used == devices,
+            f"training {batch} ran on {sorted(used)}, expected a part on each of {sorted(devices)}",
+        )
+
+
+@check(
+    ten_short_epochs,
     points=1,
     hint="Evaluate with d2l.evaluate_accuracy_gpu(net, test_iter), which switches to "
     "eval mode, and call net.train() at the start of every epoch.",

@@ -18,7 +18,7 @@ four_replicas = random_steps.using(
 )
 def matches_the_reference_on_four_devices(seen, ctx):
     """With four replicas, every replica equals the reference train_batch's."""
-    replicas = replicas_of(seen, 4)
+    replicas = replicas_of(seen["replicas"], 4)
     devices = [torch.device("cpu")] * 4
     wanted = [[t.requires_grad_() for t in start(ctx.seed)] for _ in devices]
     X, y = random_batch(ctx.generator(), 10)

@@ -19,7 +19,6 @@ class Mistake:
     fails: str  # the check that must fail
     hint_mentions: str  # words the hint of that check must contain
     seen_in: str = ""  # where the mistake was seen
-    only_without_gpus: bool = False  # it works on two real GPUs, so it is caught only without
 
 
 def variant(template: str, right: dict[str, str], **changes: str) -> str:

@@ -36,8 +36,8 @@ original_imagenet_stem = Mistake(
         "                        nn.BatchNorm2d(64), nn.ReLU(),\n"
         "                        nn.MaxPool2d(kernel_size=3, stride=2, padding=1)",
     ),
-    fails="has_11_175_818_parameters",
-    hint_mentions="7x7 stem",
+    fails="stem_is_3x3_stride_1_without_max_pooling",
+    hint_mentions="for 224x224 images",
     seen_in="seed notes: the ImageNet ResNet-18 stem copied into the multi-GPU section",
 )
 

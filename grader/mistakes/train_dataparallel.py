@@ -21,7 +21,7 @@ def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None)
         for X, y in train_iter:
             <<ZERO>>
             X, y = X.to(devices[0]), y.to(devices[0])
-            l = loss(net(X), y)
+            l = loss(<<FORWARD>>, y)
             l.backward()
             trainer.step()
         timer.stop()
@@ -36,6 +36,7 @@ RIGHT = {
     "TRAIN_ONCE": "pass",
     "TRAIN_EACH": "net.train()",
     "ZERO": "trainer.zero_grad()",
+    "FORWARD": "net(X)",
 }
 
 
@@ -61,7 +62,14 @@ hard_coded_device_ids = Mistake(
     source=variant(BOOK, RIGHT, DEVICE_IDS="[0, 1]"),
     fails="wraps_the_net_in_data_parallel_on_the_given_devices",
     hint_mentions="device_ids=devices",
-    only_without_gpus=True,
+    seen_in="devices 0 and 1 written in, which holds only while those are the devices given",
+)
+
+forward_through_the_inner_network = Mistake(
+    source=variant(BOOK, RIGHT, FORWARD="net.module(X)"),
+    fails="every_minibatch_is_split_across_the_devices",
+    hint_mentions="through the nn.DataParallel wrapper",
+    seen_in="a loop that learns while nn.DataParallel is bypassed and one device works",
 )
 
 net_not_on_the_first_device = Mistake(

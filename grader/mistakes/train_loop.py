@@ -22,7 +22,7 @@ RIGHT = {
         timer.stop()
         animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
             lambda x: lenet(x, device_params[<<EVAL>>]), test_iter, devices[<<EVAL>>]),))""",
-    "SYNC": "d2l.synchronize(devices)",
+    "SYNC": "torch.cuda.synchronize()",  # the book's; it runs on stand-ins too
     "EVAL": "0",
     "SUMMARY": "    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on "
     "{str(devices)}')",
@@ -52,12 +52,21 @@ evaluates_the_last_replica = Mistake(
     hint_mentions="device_params[0]",
 )
 
-cuda_synchronize_without_cuda = Mistake(
-    source=variant(BOOK, RIGHT, SYNC="torch.cuda.synchronize()"),
-    fails="visits_every_batch_once_per_epoch",
-    hint_mentions="d2l.synchronize(devices)",
-    seen_in="the book's code, run without a GPU",
-    only_without_gpus=True,
+trains_on_one_device = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        LOOP="""    for epoch in range(num_epochs):
+        timer.start()
+        for X, y in train_iter:
+            train_batch(X, y, device_params[:1], devices[:1], lr)
+        timer.stop()
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
+            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))""",
+    ),
+    fails="every_step_uses_every_devices_replica",
+    hint_mentions="hand train_batch all of them",
+    seen_in="a loop that learns, and scores the same accuracy, while the other devices idle",
 )
 
 no_summary_line = Mistake(

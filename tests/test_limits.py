@@ -1,0 +1,97 @@
+"""Limits stop loops and waits, never slow correct code: a busy machine, or a limit set far
+too low, costs the reference solutions nothing."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from grader.manifest import load_manifest
+from tests.conftest import SOLUTIONS, python, write_notebook
+from tests.test_hostile import replacing, score
+
+MANIFEST = load_manifest()
+
+
+def grade(target, *options, timeout=1800) -> dict:
+    """Grade `target` with the command line; return the report's submissions by id."""
+    out = target.parent / f"{target.name}.json"
+    proc = subprocess.run(
+        [python(), "-m", "grader", "grade", str(target), "--json", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
+
+
+def messages(sub, exercise) -> str:
+    return " ".join(
+        c["message"] for e in sub["exercises"] if e["name"] == exercise for c in e["checks"]
+    )
+
+
+@pytest.mark.slow
+def test_the_reference_keeps_full_marks_on_a_loaded_machine(tmp_path):
+    """Eight busy loops, each in a session of its own, load the cores while two copies of
+    the reference solutions are graded two at a time."""
+    for name in ("first", "second"):
+        shutil.copytree(SOLUTIONS, tmp_path / "class" / name / MANIFEST.assignment)
+    loops = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(8)
+    ]
+    try:
+        report = grade(tmp_path / "class", "--jobs", "2", timeout=3000)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    for sub in report.values():
+        failed = [
+            (e["name"], c["name"], c["message"])
+            for e in sub["exercises"]
+            for c in e["checks"]
+            if not c["passed"]
+        ]
+        assert sub["score"] == MANIFEST.max_score, failed
+
+
+def test_a_limit_set_far_too_low_costs_correct_code_nothing(tmp_path):
+    """With half a second per check, the training cases outrun the limit; timed against the
+    reference on this machine, they run again with room, and keep their points."""
+    target = tmp_path / "reference" / MANIFEST.assignment
+    shutil.copytree(SOLUTIONS, target)
+    (sub,) = grade(target, "-e", "train_loop", "--check-timeout", "0.5").values()
+    assert score(sub, "train_loop") == MANIFEST.exercise("train_loop").points, messages(
+        sub, "train_loop"
+    )
+
+
+def test_an_endless_loop_is_stopped_and_set_against_the_reference(tmp_path):
+    folder = tmp_path / "loopy" / MANIFEST.assignment
+    cells = replacing("try_all_gpus", "def try_all_gpus():\n    while True:\n        pass")
+    write_notebook(folder / "from_scratch.ipynb", *cells)
+    (sub,) = grade(folder, "-e", "try_all_gpus", "--check-timeout", "2").values()
+    assert score(sub, "try_all_gpus") == 0
+    said = messages(sub, "try_all_gpus")
+    assert "time limit of 2 s of processor time per check" in said
+    assert "the reference solution needs 0.0 s of processor time on the same case" in said
+
+
+def test_code_that_waits_is_stopped_and_grading_goes_on(tmp_path):
+    folder = tmp_path / "sleepy" / MANIFEST.assignment
+    cells = replacing("try_all_gpus", "def try_all_gpus():\n    import time\n    time.sleep(3600)")
+    write_notebook(folder / "from_scratch.ipynb", *cells)
+    (sub,) = grade(folder, "-e", "try_all_gpus", "-e", "try_gpu", "--idle-timeout", "3").values()
+    assert score(sub, "try_all_gpus") == 0
+    assert "computed nothing for 3 s" in messages(sub, "try_all_gpus")
+    assert score(sub, "try_gpu") == MANIFEST.exercise("try_gpu").points

@@ -1,0 +1,126 @@
+"""Outside code scores what a teacher would give it, on any machine.
+
+The submissions in tests/outside/ are written in the habits of each edition of the book
+(see its README). Each gets full marks but for its deliberate slips, and each slip costs
+only the check about it. The grade is the same with stand-in devices and with
+DPLAB_DEVICES=cpu, and, where there is a GPU, with the GPU and without it.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from dplab.devices import num_gpus
+from grader.manifest import REPO, load_manifest
+from tests.conftest import notebook_from_script, python
+
+MANIFEST = load_manifest()
+OUTSIDE = REPO / "tests" / "outside"
+
+# The checks each submission must fail: its deliberate slips, one check each.
+SLIPS = {
+    "d2l_zh_2_0": {
+        "split_batch": {"rejects_mismatched_lengths_with_a_message"},
+        "train_loop": {"returns_the_accuracy_history"},
+        "train_dataparallel": {"puts_the_net_on_the_first_device_before_wrapping"},
+    },
+    "d2l_en_1_0": {
+        "try_all_gpus": {"gives_the_cpu_when_there_is_no_gpu"},
+        "train_dataparallel": {"puts_the_net_on_the_first_device_before_wrapping"},
+    },
+}
+
+
+def write_class(root):
+    """Write each edition's submission as a student folder of notebooks under `root`."""
+    for edition in SLIPS:
+        for notebook in MANIFEST.notebooks:
+            script = OUTSIDE / edition / notebook.replace(".ipynb", ".py")
+            notebook_from_script(script, root / edition / MANIFEST.assignment / notebook)
+    return root
+
+
+def grade(root, **env) -> dict:
+    """Grade the class under `root` with the grader's command line; return its report."""
+    out = root / "report.json"
+    proc = subprocess.run(
+        [python(), "-m", "grader", "grade", str(root), "--jobs", "2", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, **env},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
+
+
+def failed(sub) -> dict[str, set[str]]:
+    """Return, per exercise, the names of the checks that failed (exercises with none left out)."""
+    found = {}
+    for e in sub["exercises"]:
+        names = {c["name"] for c in e["checks"] if not c["passed"]}
+        if names:
+            found[e["name"]] = names
+    return found
+
+
+def verdicts(sub) -> dict[str, list[tuple[str, bool]]]:
+    return {e["name"]: [(c["name"], c["passed"]) for c in e["checks"]] for e in sub["exercises"]}
+
+
+@pytest.fixture(scope="module")
+def on_stand_ins(tmp_path_factory):
+    return grade(write_class(tmp_path_factory.mktemp("outside")), DPLAB_DEVICES="stand-in")
+
+
+@pytest.fixture(scope="module")
+def on_the_cpu(tmp_path_factory):
+    return grade(write_class(tmp_path_factory.mktemp("outside-cpu")), DPLAB_DEVICES="cpu")
+
+
+@pytest.mark.parametrize("edition", sorted(SLIPS))
+def test_each_slip_costs_only_its_own_check(on_stand_ins, edition):
+    sub = on_stand_ins[edition]
+    messages = {
+        (e["name"], c["name"]): c["message"]
+        for e in sub["exercises"]
+        for c in e["checks"]
+        if not c["passed"]
+    }
+    assert failed(sub) == SLIPS[edition], messages
+    lost = sum(c["max_points"] for e in sub["exercises"] for c in e["checks"] if not c["passed"])
+    assert sub["score"] == MANIFEST.max_score - lost
+
+
+def test_the_books_cuda_synchronize_runs_on_stand_ins(on_stand_ins):
+    for sub in on_stand_ins.values():
+        loop = next(e for e in sub["exercises"] if e["name"] == "train_loop")
+        passed = {c["name"] for c in loop["checks"] if c["passed"]}
+        assert {"visits_every_batch_once_per_epoch", "accuracy_rises_above_chance"} <= passed
+
+
+def test_the_chinese_summary_line_counts_as_the_books(on_stand_ins):
+    loop = next(e for e in on_stand_ins["d2l_zh_2_0"]["exercises"] if e["name"] == "train_loop")
+    assert next(c for c in loop["checks"] if c["name"] == "prints_the_summary_line")["passed"]
+
+
+def test_the_final_training_calls_are_not_run(on_stand_ins):
+    for sub in on_stand_ins.values():
+        assert any("did not run this call of train(...)" in n for n in sub["notes"])
+
+
+def test_the_grade_is_the_same_with_dplab_devices_cpu(on_stand_ins, on_the_cpu):
+    for edition in SLIPS:
+        assert verdicts(on_the_cpu[edition]) == verdicts(on_stand_ins[edition]), edition
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(num_gpus() < 1, reason="needs a CUDA GPU")
+def test_the_grade_is_the_same_with_the_gpu_and_without(tmp_path):
+    with_gpus = grade(write_class(tmp_path / "gpu"), DPLAB_DEVICES="auto")
+    without = grade(write_class(tmp_path / "cpu"), DPLAB_DEVICES="auto", CUDA_VISIBLE_DEVICES="")
+    for edition in SLIPS:
+        assert verdicts(with_gpus[edition]) == verdicts(without[edition]), edition
+        assert failed(with_gpus[edition]) == SLIPS[edition]

@@ -1,0 +1,198 @@
+"""The seed notes' own code, moved into the lab's notebooks, gets what a teacher would give.
+
+The notes the lab grew from (`../shared/seeds/` beside the repository, or `$DPLAB_SEEDS`)
+hold real student code. Each function is moved the way a student moving from the book to
+the lab would move it: pasted into its stub cell of the released notebook; for the two
+`train` functions, under the lab's `def` line and given first lines (so that `data=` and
+`devices=` stay injectable), with the student's own lines that load the data and pick the
+devices taken out (a differently named device list becomes `devices`). Then the class is
+graded with `python -m grader grade --jobs 2`. The test is skipped where the notes are
+absent.
+"""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from grader.authoring import cells_by_grade_id, filled_in
+from grader.manifest import REPO, exercises_dir, load_manifest
+from tests.conftest import python
+
+MANIFEST = load_manifest()
+SEEDS = Path(os.environ.get("DPLAB_SEEDS", REPO.parent / "shared" / "seeds"))
+
+# (seed, exercise, which `def` of the exercise's function in the notes, counting from 0)
+MOVED = [
+    ("000", "get_params", 0),
+    ("000", "allreduce", 0),
+    ("000", "split_batch", 0),
+    ("000", "train_batch", 0),
+    ("000", "train_loop", 0),
+    ("001", "allreduce", 0),
+    ("001", "split_batch", 0),
+    ("002", "allreduce", 0),
+    ("002", "split_batch", 0),
+    ("002", "train_batch", 0),
+    ("002", "train_loop", 0),
+    ("003", "resnet18", 0),
+    ("003", "train_dataparallel", 0),
+    ("004", "try_gpu", 0),
+    ("004", "try_all_gpus", 0),
+    ("004", "get_params", 0),
+    ("004", "allreduce", 0),
+    ("004", "split_batch", 0),
+    ("004", "train_batch", 0),
+    ("004", "train_loop", 0),
+    ("004", "resnet18", 0),
+    ("004", "train_dataparallel", 1),
+]
+
+# What a teacher gives: the checks that must fail (none for the exercises not listed).
+TEACHER = {
+    ("000", "get_params"): {
+        "copies_are_independent_of_the_originals",
+        "copies_trainable_parameters_independently",
+    },  # the book's p.to(device): on their own device the copies are the originals; 7/11
+    ("000", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},  # a bare assert
+    ("000", "train_loop"): {
+        "prints_the_summary_line",  # {x :.2f } raises at the very end
+        "returns_the_accuracy_history",
+    },
+    ("001", "allreduce"): {
+        "writes_into_the_tensors_it_was_given",
+        "no_two_results_share_memory",
+        "matches_the_reference_on_random_lists",
+    },  # data[i] = ... rebinds; 6/11
+    ("001", "split_batch"): "all",  # `y. devices`: it always raises; 0/8
+    ("002", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},
+    ("002", "train_loop"): {"returns_the_accuracy_history"},
+    ("003", "train_dataparallel"): {"puts_the_net_on_the_first_device_before_wrapping"},
+    ("004", "get_params"): {
+        "copies_are_independent_of_the_originals",
+        "copies_trainable_parameters_independently",
+    },
+    ("004", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},
+    ("004", "train_loop"): {"returns_the_accuracy_history"},
+    ("004", "resnet18"): {"stem_is_3x3_stride_1_without_max_pooling"},  # 7x7 and max-pool
+    ("004", "train_dataparallel"): {"puts_the_net_on_the_first_device_before_wrapping"},
+}
+
+GIVEN = re.compile(r"^\s+train_iter, test_iter = ")
+DEVICE_LIST = re.compile(r"^(\s+)(\w+) = \[\s*d2l\.try_gpu\(i\) for i in range\(\w+\)\s*\]\s*$")
+
+
+def seed_text(seed: str) -> str:
+    (path,) = SEEDS.glob(f"{seed}_*.txt")
+    return path.read_text(encoding="utf-8")
+
+
+def functions_in(text: str, name: str) -> list[str]:
+    """Return each top-level definition of `name` in the notes, as source."""
+    found, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"def {name}("):
+            body = [line]
+            for after in lines[i + 1 :]:
+                if after.strip() and not after[0].isspace():
+                    break
+                body.append(after)
+            found.append("\n".join(body).rstrip() + "\n")
+    return found
+
+
+def moved(function: str, exercise) -> str:
+    """Return the student's function as it lands in the stub cell of `exercise`."""
+    if not exercise.trains:
+        return function
+    stub = "".join(
+        cells_by_grade_id(exercises_dir() / exercise.notebook)[f"{exercise.id}-solution"]["source"]
+    )
+    head = stub.split("# YOUR CODE HERE")[0].rstrip() + "\n"
+    body = []
+    for line in function.splitlines()[1:]:
+        if GIVEN.match(line):
+            continue
+        if m := DEVICE_LIST.match(line):
+            if m.group(2) != "devices":
+                body.append(f"{m.group(1)}{m.group(2)} = devices")
+            continue
+        body.append(line)
+    return head + "\n".join(body) + "\n"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if not SEEDS.is_dir():
+        pytest.skip(f"the seed notes are not here ({SEEDS})")
+    root = tmp_path_factory.mktemp("seeds")
+    by_seed: dict[str, dict[str, dict[str, str]]] = {}
+    for seed, exercise_id, which in MOVED:
+        ex = MANIFEST.exercise(exercise_id)
+        source = functions_in(seed_text(seed), ex.function)[which]
+        answers = by_seed.setdefault(seed, {}).setdefault(ex.notebook, {})
+        answers[f"{ex.id}-solution"] = moved(source, ex)
+    for seed, notebooks in by_seed.items():
+        folder = root / f"seed{seed}" / MANIFEST.assignment
+        folder.mkdir(parents=True)
+        for notebook in MANIFEST.notebooks:
+            nb = filled_in(exercises_dir() / notebook, notebooks.get(notebook, {}))
+            (folder / notebook).write_text(json.dumps(nb), encoding="utf-8")
+    out = root / "report.json"
+    proc = subprocess.run(
+        [python(), "-m", "grader", "grade", str(root), "--jobs", "2", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {s["id"].removeprefix("seed"): s for s in json.loads(out.read_text())["submissions"]}
+
+
+def exercise(sub, name):
+    return next(e for e in sub["exercises"] if e["name"] == name)
+
+
+@pytest.mark.parametrize(("seed", "exercise_id", "which"), MOVED, ids=lambda v: str(v))
+def test_the_seed_gets_what_a_teacher_gives(graded, seed, exercise_id, which):
+    result = exercise(graded[seed], exercise_id)
+    failing = {c["name"] for c in result["checks"] if not c["passed"]}
+    wanted = TEACHER.get((seed, exercise_id), set())
+    if wanted == "all":
+        assert result["score"] == 0
+        return
+    messages = {c["name"]: c["message"] for c in result["checks"] if not c["passed"]}
+    assert failing == wanted, messages
+    assert result["score"] > 0  # one slip never costs a whole exercise
+
+
+def test_the_rebinding_allreduce_is_named(graded):
+    result = exercise(graded["001"], "allreduce")
+    assert result["score"] == 6
+    check = next(c for c in result["checks"] if c["name"] == "writes_into_the_tensors_it_was_given")
+    assert "only makes the list point at a new tensor" in check["hint"]
+
+
+def test_the_typo_in_split_batch_is_named(graded):
+    result = exercise(graded["001"], "split_batch")
+    assert all(
+        "`y. devices`" in c["hint"] for c in result["checks"] if c["message"].startswith("calling")
+    )
+
+
+def test_the_aliasing_get_params_is_named(graded):
+    for seed in ("000", "004"):
+        result = exercise(graded[seed], "get_params")
+        assert result["score"] == 7
+        check = next(
+            c for c in result["checks"] if c["name"] == "copies_are_independent_of_the_originals"
+        )
+        assert "returns the very same tensor" in check["hint"]
+
+
+def test_the_seeds_loops_keep_most_points(graded):
+    for seed in ("000", "002", "004"):
+        assert exercise(graded[seed], "train_loop")["score"] >= 7
