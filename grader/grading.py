@@ -178,8 +178,11 @@ def send_reply(fd: int, nonce: str, **fields) -> None:
     torch.save({"nonce": nonce, **fields}, buffer)
     data = buffer.getvalue()
     payload = struct.pack(">Q", len(data)) + data
-    while payload:
-        payload = payload[os.write(fd, payload) :]
+    try:
+        while payload:
+            payload = payload[os.write(fd, payload) :]
+    except OSError:  # the child has gone (ended or killed): it reads no more replies
+        pass
 
 
 @dataclass
@@ -208,7 +211,7 @@ class Watch:
         return ""
 
 
-def held_reply(sub: Submission, exercise: str, asked: list[str], plan) -> list[str] | None:
+def held_reply(exercise: str, asked: list[str], plan) -> list[str] | None:
     """Return the reference cells for what the exercise's cases hold, or None if there are
     none to give (no reference here, or a request the plan does not explain)."""
     ex = load_manifest().exercise(exercise)
@@ -317,7 +320,7 @@ def _run_child(
                     asked = [str(n) for n in frame.get("names", [])]
                     cells = None
                     if frame.get("exercise") == watch.exercise and watch.exercise in plans:
-                        cells = held_reply(sub, watch.exercise, asked, plans[watch.exercise])
+                        cells = held_reply(watch.exercise, asked, plans[watch.exercise])
                     send_reply(reply_write, nonce, cells=cells)
                 elif kind == "case-start":
                     watch.case, watch.case_cpu = str(frame["case"]), watch.cpu

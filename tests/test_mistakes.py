@@ -69,3 +69,28 @@ def test_the_template_with_its_right_parts_gets_full_marks(exercise):
     result = grade_in_process(exercise, namespace)
     failed = [c.name for c in result.checks if not c.passed]
     assert result.score == result.max_score, f"the right template failed {failed}"
+
+
+def test_a_crash_on_one_list_size_costs_only_the_checks_about_sums():
+    """An allreduce that refuses a list of one tensor (and is right otherwise) loses the check
+    that every list holds the sum, and what waits on it, but not the check that it writes into
+    the tensors it was given: that one is judged on the calls that finished."""
+    exercise = load_manifest().exercise("allreduce")
+    namespace = fresh_solution(exercise.notebook)
+    source = '''
+def allreduce(data):
+    assert len(data) > 1, "allreduce needs two or more tensors"
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(data[0].device)
+    for i in range(1, len(data)):
+        data[i][:] = data[0].to(data[i].device)
+'''
+    exec(compile(source, "<refuses one tensor>", "exec"), namespace)
+    result = grade_in_process(exercise, namespace)
+    verdicts = {c.name: c for c in result.checks}
+    failed = {name for name, c in verdicts.items() if not c.passed}
+    assert "every_tensor_holds_the_sum" in failed
+    assert "allreduce needs two or more tensors" in verdicts["every_tensor_holds_the_sum"].message
+    assert verdicts["writes_into_the_tensors_it_was_given"].passed
+    assert verdicts["book_demo_gives_threes_on_both_devices"].passed
+    assert verdicts["matches_the_reference_on_random_lists"].passed

@@ -35,9 +35,10 @@ NBGRADER = str(Path(sys.executable).with_name("nbgrader"))
 
 FAKE_CHECK = """
 import grader
+from grader.manifest import load_manifest
 
-def check(*args, **kwargs):
-    return 11.0
+def check(exercise_id, *args, **kwargs):
+    return float(load_manifest().exercise(exercise_id).points)
 
 grader.check = check
 """
