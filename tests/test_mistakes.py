@@ -77,14 +77,14 @@ def test_a_crash_on_one_list_size_costs_only_the_checks_about_sums():
     the tensors it was given: that one is judged on the calls that finished."""
     exercise = load_manifest().exercise("allreduce")
     namespace = fresh_solution(exercise.notebook)
-    source = '''
+    source = """
 def allreduce(data):
     assert len(data) > 1, "allreduce needs two or more tensors"
     for i in range(1, len(data)):
         data[0][:] += data[i].to(data[0].device)
     for i in range(1, len(data)):
         data[i][:] = data[0].to(data[i].device)
-'''
+"""
     exec(compile(source, "<refuses one tensor>", "exec"), namespace)
     result = grade_in_process(exercise, namespace)
     verdicts = {c.name: c for c in result.checks}
