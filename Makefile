@@ -1,43 +1,68 @@
 # The lab's two front doors:
-#   make lab    set up, then serve JupyterLab with the exercises on 127.0.0.1:8888
-#   make test   set up, then run every test
-# and, for people who write exercises:
+#   make lab    set up what students use, then serve JupyterLab on 127.0.0.1:8888
+#   make test   set up everything, then run every test
+# and, for people who write exercises or maintain the lab:
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
+#   make lock        re-resolve requirements/*.txt from pyproject.toml (needs the network)
+#   make images      build the lab and grader images and probe them (tests/test_images.py)
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-READY := $(VENV)/.ready
+LAB_READY := $(VENV)/.lab
+DEV_READY := $(VENV)/.dev
 PORT ?= 8888
 ASSIGNMENT := multigpu
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup lab test lint exercises bench-grade clean
+.PHONY: setup lab test lint exercises bench-grade lock images clean
 
-setup: $(READY)
+setup: $(DEV_READY)
 
-$(READY): requirements.lock pyproject.toml
+# A Python of 3.11 or newer with venv, or a message that says what to install.
+$(BIN)/python:
+	@docker/check-python "$(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
-	touch $(READY)
+	$(PIP) --upgrade pip
 
-lab: $(READY)
+$(LAB_READY): requirements/lab.txt pyproject.toml | $(BIN)/python
+	$(PIP) -r requirements/lab.txt
+	$(PIP) --no-deps -e .
+	touch $@
+
+$(DEV_READY): requirements/dev.txt $(LAB_READY)
+	$(PIP) -r requirements/dev.txt
+	touch $@
+
+lab: $(LAB_READY)
 	LAB_PYTHON=$(BIN)/python LAB_PORT=$(PORT) docker/start-lab
 
-lint: $(READY)
+lint: $(DEV_READY)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check grader dplab tests conftest.py
 
-test: $(READY) lint
+test: $(DEV_READY) lint
 	MPLBACKEND=Agg DPLAB_OFFLINE=1 $(BIN)/python -m pytest
 
-exercises: $(READY)
+exercises: $(DEV_READY)
 	$(BIN)/python -m grader sync
 	$(BIN)/nbgrader generate_assignment $(ASSIGNMENT) --force --no-db
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-bench-grade: $(READY)
+bench-grade: $(DEV_READY)
 	$(BIN)/python -m grader.bench --students 20 --jobs 2
+
+# One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
+# students run (the lab image, `make lab`); dev.txt adds nbgrader and the project's own tools.
+# lab.txt is resolved within dev.txt, so the versions they share agree.
+UV_COMPILE := $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command "make lock" pyproject.toml
+lock: $(DEV_READY)
+	$(UV_COMPILE) --extra grade --group dev -o requirements/dev.txt
+	$(UV_COMPILE) -c requirements/dev.txt -o requirements/lab.txt
+
+# Build the lab and grader images and probe them (root with buildah and podman, or Docker).
+images: $(DEV_READY)
+	MPLBACKEND=Agg DPLAB_OFFLINE=1 $(BIN)/python -m pytest -m container tests/test_images.py -v -s

