@@ -108,7 +108,9 @@ def test_a_rerun_skips_what_is_graded_and_regrades_what_changed(tmp_path):
 
 
 def test_an_interrupted_run_keeps_every_finished_submission(tmp_path):
-    names = [f"s{i}" for i in range(6)]
+    # Enough submissions that the interrupt lands mid-run even when a busy machine is slow
+    # to wake this test up after the second one is reported.
+    names = [f"s{i:02d}" for i in range(16)]
     make_class(tmp_path / "submitted", names)
     report = tmp_path / "r.json"
     proc = subprocess.Popen(
