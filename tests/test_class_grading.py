@@ -108,9 +108,7 @@ def test_a_rerun_skips_what_is_graded_and_regrades_what_changed(tmp_path):
 
 
 def test_an_interrupted_run_keeps_every_finished_submission(tmp_path):
-    # Enough submissions that the interrupt lands mid-run even when a busy machine is slow
-    # to wake this test up after the second one is reported.
-    names = [f"s{i:02d}" for i in range(16)]
+    names = [f"s{i}" for i in range(6)]
     make_class(tmp_path / "submitted", names)
     report = tmp_path / "r.json"
     proc = subprocess.Popen(
@@ -127,6 +125,9 @@ def test_an_interrupted_run_keeps_every_finished_submission(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as at a terminal, even when these tests run in the background (`make test &`),
+        # where the shell starts them with SIGINT ignored and the grader would inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(read_json(report)) < 2:
