@@ -15,7 +15,7 @@ PORT ?= 8888
 ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup lab test lint exercises bench-grade lock images clean
+.PHONY: setup lab test lint exercises bench-grade bench-notebooks lock images clean
 
 setup: $(DEV_READY)
 
@@ -53,6 +53,9 @@ clean:
 
 bench-grade: $(DEV_READY)
 	$(BIN)/python -m grader.bench --students 20 --jobs 2
+
+bench-notebooks: $(DEV_READY)
+	$(BIN)/python -m grader.bench_notebooks
 
 # One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
 # students run (the lab image, `make lab`); dev.txt adds nbgrader and the project's own tools.
