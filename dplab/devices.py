@@ -195,10 +195,21 @@ def _cuda_synchronize(device=None) -> None:
         _real_cuda_synchronize(device)
 
 
+_REAL_SYNCHRONIZE: list = []
+
+
 def install_cuda_shims() -> None:
     """Let the book's `torch.cuda.synchronize()` run where the lab's devices are not GPUs.
 
     Switched on the first time the lab hands out stand-ins or the CPU, and left on: see the
     table in the module docstring.
     """
+    if torch.cuda.synchronize is not _cuda_synchronize:
+        _REAL_SYNCHRONIZE.append(torch.cuda.synchronize)
     torch.cuda.synchronize = _cuda_synchronize
+
+
+def remove_cuda_shims() -> None:
+    """Put back PyTorch's own `torch.cuda.synchronize` (for tests)."""
+    if _REAL_SYNCHRONIZE:
+        torch.cuda.synchronize = _REAL_SYNCHRONIZE[0]

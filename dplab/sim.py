@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 TYPE = "sim"
-_state = {"enabled": False, "count": 2, "backing": torch.device("cpu")}
+_state = {"enabled": False, "registered": False, "count": 2, "backing": torch.device("cpu")}
 _lock = threading.Lock()
 
 
@@ -545,11 +545,14 @@ _HOST_ONLY = {
 }
 
 
-def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
-    """Turn stand-in devices on (once per process); later calls only change the count."""
+_ORIGINALS: dict[str, object] = {}  # what `enable` replaces, to put back on `disable`
+
+
+def register(backing_device: torch.device | None = None) -> None:
+    """Make the `sim` device type exist (its name and kernels), without changing torch's
+    own functions; `enable` does that. Once per process: PyTorch cannot unregister it."""
     with _lock:
-        _state["count"] = max(1, int(count))
-        if _state["enabled"]:
+        if _state.get("registered"):
             return
         if backing_device is None:
             backing_device = (
@@ -560,12 +563,48 @@ def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
 
         _setup_privateuseone_for_python_backend(TYPE, backend_module=_Backend())
         _register_kernels()
+        _state["registered"] = True
+
+
+def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
+    """Turn stand-in devices on; later calls only change the count (see `disable`)."""
+    register(backing_device)
+    with _lock:
+        _state["count"] = max(1, int(count))
+        if _state["enabled"]:
+            return
+        dp = nn.DataParallel
+        _ORIGINALS.update(
+            tensor=torch.tensor,
+            as_tensor=torch.as_tensor,
+            asarray=torch.asarray,
+            to=torch.Tensor.to,
+            scatter=nn.parallel.scatter_gather.scatter,
+            parallel_scatter=nn.parallel.scatter,
+            dp_init=dp.__init__,
+            dp_forward=dp.forward,
+        )
         # torch.tensor copies its data below the Python layer, which stand-ins need, and
         # a move onto a stand-in must be a differentiable copy even from a plain tensor.
         torch.tensor, torch.as_tensor, torch.asarray = tensor, as_tensor, asarray
         torch.Tensor.to = _to
         _patch_parallel()
         _state["enabled"] = True
+
+
+def disable() -> None:
+    """Put back every torch function `enable` replaced (for tests: the lab never needs it).
+    Tensors already on stand-ins stay there, and the `sim` device type stays registered."""
+    with _lock:
+        if not _state["enabled"]:
+            return
+        torch.tensor, torch.as_tensor = _ORIGINALS["tensor"], _ORIGINALS["as_tensor"]
+        torch.asarray, torch.Tensor.to = _ORIGINALS["asarray"], _ORIGINALS["to"]
+        nn.parallel.scatter_gather.scatter = _ORIGINALS["scatter"]
+        nn.parallel.scatter = _ORIGINALS["parallel_scatter"]
+        nn.DataParallel.__init__ = _ORIGINALS["dp_init"]
+        nn.DataParallel.forward = _ORIGINALS["dp_forward"]
+        _state["enabled"] = False
 
 
 def enabled() -> bool:

@@ -1,5 +1,14 @@
 """`python -m grader`: see grader.cli."""
 
-from grader.cli import main
+import os
+import sys
+
+if sys.argv[1:2] in (["check"], ["grade"]) and os.environ.get("GRADER_START") != "spawn":
+    # The fork server imports torch while this process does the same (see grader.sandbox).
+    from grader.sandbox import forkserver
+
+    forkserver.start()
+
+from grader.cli import main  # noqa: E402
 
 raise SystemExit(main())

@@ -28,18 +28,18 @@ One mistake should cost the checks about it, and no others:
   `allreduce` costs the checks of `allreduce`, not those of `train_batch` as well.
 """
 
-import contextlib
 import dataclasses
 import hashlib
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import Tensor
 
-from grader.transport import SeenTensor
+from grader.sandbox.transport import SeenTensor
 
 
 class Fail(Exception):
@@ -170,29 +170,10 @@ class Student:
         """Return another name the student's code defines (such as `lenet` or `loss`)."""
         return self.namespace.get(name, default)
 
-
-@contextlib.contextmanager
-def patched(target: Any, name: str, value: Any) -> Iterator[None]:
-    """Replace `target.name` (or `target[name]` for a dict) while the block runs."""
-    is_dict = isinstance(target, dict)
-    missing = object()
-    old = target.get(name, missing) if is_dict else getattr(target, name, missing)
-    if is_dict:
-        target[name] = value
-    else:
-        setattr(target, name, value)
-    try:
-        yield
-    finally:
-        if old is missing:
-            if is_dict:
-                target.pop(name, None)
-            else:
-                delattr(target, name)
-        elif is_dict:
-            target[name] = old
-        else:
-            setattr(target, name, old)
+    def replaced(self, **names: Any) -> Any:
+        """Return a context in which the student's `names` are the given values (and, after,
+        what they were): `with student.replaced(lenet=recorder): ...`."""
+        return mock.patch.dict(self.namespace, names)
 
 
 @dataclass(frozen=True)

@@ -3,22 +3,28 @@
     python -m grader.bench [--students 20] [--jobs 2] [--keep DIR]
 
 First one complete submission (the reference solutions in the released notebooks) is graded
-on its own; then a class that mixes reference solutions, untouched stubs and submissions with
-catalogued mistakes, side by side. Timings live here, never in the tests: a test that asserts
-a wall-clock time fails whenever the machine is busy.
+by `python -m grader grade`, as an instructor would, and one exercise is checked by
+`python -m grader check`, as a student would: both timed from the command to its report.
+Then a class that mixes reference solutions, untouched stubs and submissions with
+catalogued mistakes is graded side by side, with the time of each phase. Timings live here,
+never in the tests: a test that asserts a wall-clock time fails whenever the machine is busy.
 """
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from grader.authoring import filled_in, reference_answers
-from grader.batch import Outputs, expand, grade_class
-from grader.exports import summary_table
-from grader.manifest import exercises_dir, load_manifest
+from grader.grade_class import Outputs, expand, grade_class
+from grader.manifest import REPO, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
+from grader.report.exports import summary_table
+from grader.sandbox.supervisor import Phases, fork_server, start_mode
 
 KINDS = ("reference solutions", "untouched stubs", "catalogued mistakes")
 
@@ -50,6 +56,15 @@ def make_class(folder: Path, students: int) -> None:
             (target / notebook).write_text(json.dumps(nb), encoding="utf-8")
 
 
+def wall_seconds(*command: str) -> tuple[float, str]:
+    """Run `python -m grader COMMAND...` as a user would; return its seconds and its output."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "grader", *command], capture_output=True, text=True, cwd=REPO
+    )
+    return time.monotonic() - started, done.stdout
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m grader.bench", description=__doc__)
     p.add_argument("--students", type=int, default=20, help="class size (default: %(default)s)")
@@ -58,18 +73,29 @@ def main() -> None:
     )
     p.add_argument("--keep", type=Path, help="write the class and the report here, and keep them")
     args = p.parse_args()
+    manifest = load_manifest()
+    print(f"{os.cpu_count()} cores, children started by {start_mode()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
-        make_class(root / "alone", 1)  # one complete submission, graded on its own first
-        (alone,) = grade_class(
-            expand([root / "alone"], load_manifest()),
-            Outputs(json=root / "alone.json"),
-            jobs=1,
-            regrade=True,
-            progress=lambda *a: None,
+        make_class(root / "alone", 1)  # one complete submission
+        alone = root / "alone" / "student01" / manifest.assignment
+        seconds, out = wall_seconds("grade", str(alone))
+        totals = [line.split()[1] for line in out.splitlines() if line.startswith("total")]
+        print(
+            f"one complete submission (the reference solutions), `python -m grader grade`: "
+            f"{seconds:.1f} s from the command to its report, {totals[0] if totals else '?'}"
+            f"/{manifest.max_score:g}"
         )
+        notebook = alone / manifest.exercise("allreduce").notebook
+        seconds, _ = wall_seconds("check", str(notebook), "--exercise", "allreduce")
+        print(
+            f"a student's `python -m grader check NOTEBOOK --exercise allreduce`: {seconds:.1f} s"
+        )
+
         make_class(root / "submitted", args.students)
-        subs = expand([root / "submitted"], load_manifest())
+        subs = expand([root / "submitted"], manifest)
+        phases = Phases()
+        fork_server()  # started once per grading run, like `python -m grader grade` does
         started = time.monotonic()
         results = grade_class(
             subs,
@@ -77,13 +103,10 @@ def main() -> None:
             jobs=args.jobs,
             regrade=True,
             progress=lambda *a: None,
+            phases=phases,
         )
         seconds = time.monotonic() - started
-    print(summary_table(results, load_manifest()))
-    print(
-        f"\none complete submission (the reference solutions) graded alone: "
-        f"{alone.seconds:.1f} s, {alone.score:g}/{alone.max_score:g}"
-    )
+    print(summary_table(results, manifest))
     print(
         f"\n{len(results)} submissions graded with --jobs {args.jobs} in {seconds:.1f} s: "
         f"{seconds / len(results):.1f} s per submission"
@@ -95,6 +118,9 @@ def main() -> None:
                 f"  {kind}: {len(times)} submissions, {sum(times) / len(times):.1f} s each "
                 f"on average, {max(times):.1f} s at most"
             )
+    print("per submission, by phase (seconds of wall time, side by side with the others):")
+    for name, spent in phases.seconds.items():
+        print(f"  {name:<14}{spent / len(results):6.2f}")
 
 
 if __name__ == "__main__":

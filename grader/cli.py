@@ -4,13 +4,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from grader.batch import Outputs, expand, grade_class
-from grader.exports import GradebookError, check_nbgrader_gradebook, summary_table
-from grader.fence import choose_fence
+from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_path
+from grader.judge.registry import HiddenChecksUnavailable
 from grader.manifest import load_manifest
-from grader.registry import HiddenChecksUnavailable
-from grader.report import render_submission
+from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
+from grader.report.results import render_submission
+from grader.sandbox.fence import choose_fence
 
 
 def exercise_table() -> str:

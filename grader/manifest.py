@@ -56,6 +56,17 @@ class Manifest:
         return sum(ex.points for ex in self.exercises)
 
     @property
+    def private_packages(self) -> list[str]:
+        """Return the packages that hold hidden checks and mistake catalogues, each once:
+        the instructor's side, never shipped to students nor readable by a grading child."""
+        names = [m.rpartition(".")[0] for ex in self.exercises for m in (ex.hidden, ex.mistakes)]
+        return list(dict.fromkeys(names))
+
+    def package_folder(self, package: str) -> Path:
+        """Return the folder of a package of this repository, such as `grader.hidden`."""
+        return REPO.joinpath(*package.split("."))
+
+    @property
     def training_functions(self) -> frozenset[str]:
         """Return the names of functions that train, which loading never calls."""
         return frozenset(ex.function for ex in self.exercises if ex.trains)

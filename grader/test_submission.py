@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from grader.grading import grade_path
+from grader.judge.registry import hidden_available, hidden_checks, public_checks
 from grader.manifest import REPO, load_manifest
-from grader.registry import hidden_available, hidden_checks, public_checks
 
 
 def _use_hidden(config) -> bool:

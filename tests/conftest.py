@@ -5,17 +5,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from dplab.devices import grading_devices
+from dplab import sim
+from dplab.devices import grading_devices, remove_cuda_shims
 from grader.api import Context, Student
 from grader.grading import DEVICES
-from grader.judge import judge_exercise
-from grader.loader import load_notebook
+from grader.judge.registry import diagnoser, exercise_checks
+from grader.judge.verdicts import judge_exercise
+from grader.load.notebook import load_notebook
+from grader.load.reference import reference
 from grader.manifest import REPO, Exercise, load_manifest
-from grader.reference import reference
-from grader.registry import diagnoser, exercise_checks
-from grader.report import ExerciseResult
-from grader.runner import run_checks
+from grader.report.results import ExerciseResult
+from grader.sandbox.runner import run_checks
 
 # The tests never download anything and never open a window.
 os.environ["DPLAB_OFFLINE"] = "1"
@@ -34,6 +36,24 @@ def manifest():
 def _figures_in_tmp(tmp_path, monkeypatch):
     """Plots saved by headless Animators land in the test's own folder."""
     monkeypatch.setenv("DPLAB_FIGURE_DIR", str(tmp_path))
+
+
+@pytest.fixture
+def stand_ins():
+    """Four stand-in devices for the test, switched off after it."""
+    sim.enable(4)
+    yield [torch.device("sim", i) for i in range(4)]
+    sim.disable()
+    remove_cuda_shims()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_stand_ins_after_a_module():
+    """Whatever switched stand-ins on in a module (the lab's own code does, when it hands
+    them out), they are off before the next module: no test relies on another's."""
+    yield
+    sim.disable()
+    remove_cuda_shims()
 
 
 def fresh_solution(notebook: str) -> dict:

@@ -11,10 +11,10 @@ import time
 import jsonschema
 import pytest
 
-from grader.batch import Progress
-from grader.exports import summary_table
+from grader.grade_class import Progress
 from grader.manifest import REPO, load_manifest
-from grader.report import SubmissionResult, read_json
+from grader.report.exports import summary_table
+from grader.report.results import SubmissionResult, read_json
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
 MANIFEST = load_manifest()

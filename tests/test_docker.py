@@ -114,10 +114,27 @@ def image_files(stage: str, workdir_only: bool = False) -> set[str]:
 # ---- the lab image ------------------------------------------------------------------------
 
 
+def private_folders() -> list[str]:
+    """Return what students must never have, as folders relative to the repository."""
+    manifest = load_manifest()
+    packages = [manifest.package_folder(p) for p in manifest.private_packages]
+    return ["solutions/", ".git/"] + [f"{p.relative_to(REPO)}/" for p in packages]
+
+
 def test_the_lab_image_has_no_solution_hidden_check_or_mistake():
     files = image_files("lab")
-    for private in ("solutions/", "grader/hidden/", "grader/mistakes/", ".git/"):
+    assert "grader/hidden/" in private_folders()  # read from the manifest
+    for private in private_folders():
         assert not [f for f in files if f.startswith(private)], private
+
+
+def test_the_lab_image_has_every_public_module_of_the_grader():
+    """A new package under grader/ that the Dockerfile forgets fails here, not in a class."""
+    files = image_files("lab")
+    private = tuple(private_folders())
+    modules = [str(p.relative_to(REPO)) for p in (REPO / "grader").rglob("*.py")]
+    missing = [m for m in modules if not m.startswith(private) and m not in files]
+    assert not missing, f"the lab image lacks {missing}: add them to docker/Dockerfile"
 
 
 def test_the_lab_image_has_what_a_student_needs():
@@ -128,7 +145,7 @@ def test_the_lab_image_has_what_a_student_needs():
         "dplab/devices.py",
         "grader/manifest.toml",
         "grader/checks/allreduce.py",
-        "grader/notebook.py",
+        "grader/in_kernel.py",
         "docker/start-lab",
         "docker/lab-health",
         "dplab/fashion_mnist_sample/train-images-idx3-ubyte.gz",

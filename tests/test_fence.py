@@ -4,13 +4,13 @@ import socket
 import subprocess
 import sys
 
-from grader.fence import choose_fence, private_paths
 from grader.manifest import REPO
+from grader.sandbox.fence import choose_fence, private_paths
 
 SNIPPET = """
 import os, socket, sys
 from pathlib import Path
-from grader.fence import install_audit_hook
+from grader.sandbox.fence import install_audit_hook
 scratch = Path(sys.argv[1])
 install_audit_hook(scratch, [Path(p) for p in sys.argv[2:]])
 def attempt(what, action):

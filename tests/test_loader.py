@@ -6,7 +6,7 @@ import time
 import pytest
 
 import dplab
-from grader.loader import NotebookError, load_notebook
+from grader.load.notebook import NotebookError, load_notebook
 from tests.conftest import write_notebook
 
 TRAINING = frozenset({"train"})

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from grader.in_kernel import check
 from grader.manifest import load_manifest
 from grader.mistakes import mistakes_of
-from grader.notebook import check
 from tests.conftest import fresh_solution
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from grader.authoring import cells_by_grade_id, hidden_parts, problems
+from grader.judge.registry import exercise_checks
 from grader.manifest import REPO, load_manifest
-from grader.registry import exercise_checks
 from tests.conftest import EXERCISES, SOLUTIONS
 
 MANIFEST = load_manifest()

@@ -14,7 +14,8 @@ from dplab import sim
 from dplab.devices import num_gpus
 from tests.conftest import fresh_solution
 
-sim.enable(4)
+pytestmark = pytest.mark.usefixtures("stand_ins")
+sim.register()  # the `sim` device type, so that torch.device("sim", i) exists at import
 D0, D1, D2 = (torch.device("sim", i) for i in range(3))
 SAME_DEVICE = "Expected all tensors to be on the same device, but found at least two devices"
 

@@ -14,7 +14,7 @@ from grader.api import (
     raised_in,
 )
 from grader.fixtures import cycle
-from grader.transport import SeenTensor
+from grader.sandbox.transport import SeenTensor
 
 REBIND_HINT = (
     "`data[i] = ...` only makes the list point at a new tensor; the tensor the caller holds "

@@ -6,7 +6,7 @@ from torch import nn
 import dplab
 from grader.api import Fail, case, check, expect, expect_close, expect_equal, short
 from grader.fixtures import lenet_loss, random_batch
-from grader.transport import SeenTensor
+from grader.sandbox.transport import SeenTensor
 
 SAME_TENSOR_HINT = (
     "`.to(device)` returns the very same tensor when it is already on that device, so the "

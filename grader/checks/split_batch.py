@@ -4,7 +4,7 @@ import torch
 
 from grader.api import case, check, expect, expect_equal, short
 from grader.fixtures import cycle
-from grader.transport import SeenTensor
+from grader.sandbox.transport import SeenTensor
 
 UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
 

@@ -14,9 +14,9 @@ not one device the whole batch.
 import torch
 
 import dplab
-from grader.api import Fail, case, check, close, expect, expect_close, patched
+from grader.api import Fail, case, check, close, expect, expect_close
 from grader.fixtures import cycle, lenet_loss, random_batch, which_replica
-from grader.transport import SeenTensor
+from grader.sandbox.transport import SeenTensor
 
 LR = 0.1
 SCALE = 0.1  # larger than the book's 0.01, so that every layer's update is clearly visible
@@ -46,7 +46,7 @@ def random_steps(student, ctx, n: int, k: int, steps: int = 1) -> dict:
         return model(X, params)
 
     gen = ctx.generator()
-    with patched(student.namespace, "lenet", lenet):
+    with student.replaced(lenet=lenet):
         for _ in range(steps):
             X, y = random_batch(gen, n)
             student.fn(X, y, replicas, devices, LR)

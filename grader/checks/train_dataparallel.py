@@ -14,14 +14,15 @@ leaves what it did before to be judged.
 
 import contextlib
 import io
+from unittest import mock
 
 import torch
 from torch import nn
 
 import dplab
-from grader.api import attempt, case, check, expect, patched
+from grader.api import attempt, case, check, expect
 from grader.fixtures import RecordedBatches, batch_name, quiet_animator, sample_images
-from grader.transport import SeenTensor
+from grader.sandbox.transport import SeenTensor
 
 LR = 0.5
 EPOCHS = 10
@@ -105,11 +106,11 @@ def training_run(
     printed = io.StringIO()
     fn = student.fn
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched(nn, "DataParallel", RecordingDataParallel))
-        stack.enter_context(patched(nn.parallel, "DataParallel", RecordingDataParallel))
+        stack.enter_context(mock.patch.object(nn, "DataParallel", RecordingDataParallel))
+        stack.enter_context(mock.patch.object(nn.parallel, "DataParallel", RecordingDataParallel))
         if "DataParallel" in student.namespace:
-            stack.enter_context(patched(student.namespace, "DataParallel", RecordingDataParallel))
-        stack.enter_context(patched(dplab, "Animator", quiet_animator(log)))
+            stack.enter_context(student.replaced(DataParallel=RecordingDataParallel))
+        stack.enter_context(mock.patch.object(dplab, "Animator", quiet_animator(log)))
         stack.enter_context(contextlib.redirect_stdout(printed))
         call = attempt(
             fn,

@@ -15,11 +15,12 @@ costs the summary and the returned history, not the loop.
 import contextlib
 import io
 import re
+from unittest import mock
 
 import torch
 
 import dplab
-from grader.api import Fail, attempt, case, check, expect, patched, returned
+from grader.api import Fail, attempt, case, check, expect, returned
 from grader.fixtures import (
     FirstBatches,
     RecordedBatches,
@@ -59,9 +60,9 @@ def quiet_plots(student, log: list):
     """Swap the Animator (under any name the student uses) for one that only records."""
     quiet = quiet_animator(log)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched(dplab, "Animator", quiet))
+        stack.enter_context(mock.patch.object(dplab, "Animator", quiet))
         if "Animator" in student.namespace:
-            stack.enter_context(patched(student.namespace, "Animator", quiet))
+            stack.enter_context(student.replaced(Animator=quiet))
         yield
 
 
@@ -87,7 +88,6 @@ def recorded_run(student, ctx, num_epochs: int, num_devices: int) -> dict:
         log.append(("forward", batch_name(batches, X), which_replica(replicas, params)))
         return dplab.lenet(X, params)
 
-    ns = student.namespace
     printed = io.StringIO()
     data = (
         RecordedBatches(batches["train"], "train", log),
@@ -95,10 +95,12 @@ def recorded_run(student, ctx, num_epochs: int, num_devices: int) -> dict:
     )
     fn = student.fn
     with (
-        patched(ns, "get_params", get_params),
-        patched(ns, "train_batch", train_batch),
-        patched(ns, "lenet", lenet),
-        patched(ns, "params", dplab.lenet_params(seed=ctx.seed)),
+        student.replaced(
+            get_params=get_params,
+            train_batch=train_batch,
+            lenet=lenet,
+            params=dplab.lenet_params(seed=ctx.seed),
+        ),
         quiet_plots(student, log),
         contextlib.redirect_stdout(printed),
     ):
@@ -137,17 +139,18 @@ ten_epochs_on_tiny_batches = recorded_run.using(
     num_devices=2,
 )
 
-LEARNING_BATCHES = 25  # per epoch, of 32 images: ten epochs make 250 steps
+LEARNING_BATCHES = 6  # per epoch, of 32 images: ten epochs make 60 steps
 
 
 @case(holds=("get_params", "train_batch", "lenet"))
 def learns_on_the_sample(student, ctx):
-    """Ten epochs of 25 batches of 32 images from the embedded sample, lr 0.2, starting
-    from weights of scale 0.1, which get going faster than the book's 0.01."""
+    """Ten epochs of 6 batches of 32 images from the embedded sample, lr 0.2, starting from
+    weights of scale 0.1, which get going faster than the book's 0.01; the loop evaluates on
+    100 test images. The reference reaches 0.56 to 0.75 this way (chance is 0.10)."""
     data = dplab.data.embedded_sample()
     shuffled = dplab.Batches(data.train_images, data.train_labels, 32, shuffle=True, seed=ctx.seed)
     train_iter = FirstBatches(shuffled, LEARNING_BATCHES)
-    test_iter = dplab.Batches(data.test_images[:500], data.test_labels[:500], 250)
+    test_iter = dplab.Batches(data.test_images[:100], data.test_labels[:100], 100)
     made: list = []
     real_get_params = student.get("get_params")
 
@@ -158,8 +161,9 @@ def learns_on_the_sample(student, ctx):
     log: list = []
     fn = student.fn
     with (
-        patched(student.namespace, "get_params", get_params),
-        patched(student.namespace, "params", dplab.lenet_params(scale=0.1, seed=ctx.seed)),
+        student.replaced(
+            get_params=get_params, params=dplab.lenet_params(scale=0.1, seed=ctx.seed)
+        ),
         quiet_plots(student, log),
         contextlib.redirect_stdout(io.StringIO()),
     ):

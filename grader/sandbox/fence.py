@@ -20,20 +20,22 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from grader.manifest import REPO, solutions_dir
+from grader.manifest import REPO, load_manifest, solutions_dir
 
 
 def private_paths() -> list[Path]:
-    """Return the folders the student's code must not read."""
+    """Return the folders the student's code must not read: the reference solutions, the
+    manifest's hidden checks and mistake catalogues, and the repository's history."""
+    manifest = load_manifest()
     folders = [
         solutions_dir(),
-        REPO / "grader" / "hidden",
-        REPO / "grader" / "mistakes",
+        *(manifest.package_folder(p) for p in manifest.private_packages),
         REPO / ".git",
     ]
     return [p.resolve() for p in folders if p.exists()]
@@ -80,8 +82,30 @@ def _mask_script(uid: int | None) -> str:
     return "; ".join(lines)
 
 
+def needed_paths() -> list[str]:
+    """Return the folders a child must read: this Python's standard library and packages,
+    and the repository. (A Python installed in a home folder that only its owner may
+    enter, as pyenv's under /root, rules out a user id of the child's own.)"""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["stdlib"], paths["purelib"], paths["platlib"], str(REPO)]))
+
+
+def can_read(paths: list[str]) -> bool:
+    """Return True if this process may list and read every one of `paths`."""
+    return all(os.access(p, os.R_OK | os.X_OK) for p in paths)
+
+
+_PROBE = (
+    "import os, sys; "
+    "assert all(os.access(p, os.R_OK | os.X_OK) for p in sys.argv[1:]); "
+    "import grader.manifest"
+)
+
+
 def _works(fence: Fence) -> bool:
-    probe = [*fence.prefix(CHILD_UIDS[-1]), sys.executable, "-c", "import grader.api"]
+    # Python starts behind the fence and, as the child's user, reads what the child needs
+    # (importing torch here would cost seconds on every run).
+    probe = [*fence.prefix(CHILD_UIDS[-1]), sys.executable, "-c", _PROBE, *needed_paths()]
     try:
         proc = subprocess.run(
             probe, capture_output=True, timeout=60, stdin=subprocess.DEVNULL, cwd="/"
@@ -106,6 +130,75 @@ def choose_fence() -> Fence:
             *candidates,
         ]
     return next((f for f in candidates if _works(f)), none)
+
+
+# ---- the same fence, entered by a forked child (see grader.sandbox.forkserver) -------------
+# What `unshare` and `setpriv` do in `Fence.prefix`, done from Python with the same system
+# calls, in a process that has just been forked (single-threaded, as unshare needs).
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class FenceError(OSError):
+    """A forked child could not enter its fence; it must not run student code."""
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _call(result: int, what: str) -> None:
+    import ctypes
+
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise FenceError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _empty_bounding_set(libc) -> None:
+    """Drop every capability from the bounding set (while this process may still do so)."""
+    cap = 0
+    while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+
+
+def _drop_capabilities(libc) -> None:
+    """Empty the effective, permitted and inheritable sets; no privileges through exec."""
+    import ctypes
+
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _call(libc.capset(header, data), "capset")
+    _call(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def enter(fence: "Fence", uid: int | None, private: list[Path]) -> None:
+    """Put this (freshly forked) process behind `fence`, as `Fence.prefix` would start it."""
+    if not fence.namespaces:
+        return
+    libc = _libc()
+    outer_uid, outer_gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNET | CLONE_NEWNS | (CLONE_NEWUSER if fence.namespaces == "user" else 0)
+    _call(libc.unshare(flags), "unshare")
+    if fence.namespaces == "user":  # be root inside, as `unshare --map-root-user`
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"0 {outer_uid} 1")
+        Path("/proc/self/gid_map").write_text(f"0 {outer_gid} 1")
+    _call(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    for path in private:
+        target = os.fsencode(path)
+        _call(libc.mount(b"tmpfs", target, b"tmpfs", 0, b"size=16k,mode=000"), f"mask {path}")
+    _empty_bounding_set(libc)
+    if uid is not None and fence.own_uid:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    _drop_capabilities(libc)
 
 
 MAX_FILE = 256 * 2**20  # no file the child writes may grow beyond this

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dplab.devices import grading_devices
 from grader.api import Context, Student
 from grader.grading import DEVICES
-from grader.judge import judge_exercise
+from grader.judge.registry import diagnoser, hidden_checks, public_checks
+from grader.judge.verdicts import judge_exercise
+from grader.load.reference import reference_if_available
 from grader.manifest import Exercise, load_manifest
-from grader.reference import reference_if_available
-from grader.registry import diagnoser, hidden_checks, public_checks
-from grader.report import CheckResult, exercise_result, render_exercise
-from grader.runner import run_checks
+from grader.report.results import CheckResult, exercise_result, render_exercise
+from grader.sandbox.runner import run_checks
 
 _public: dict[str, tuple[object, list[CheckResult]]] = {}
 

@@ -1,12 +1,13 @@
 """The grading child: load a submission's notebooks and run the cases the grader asks for.
 
-Run as `python -m grader.child REQUEST` inside the fence (see grader.fence). It reads the
-request (then deletes it), arms the audit hook, and only then touches the student's code.
+Started by the fork server (grader.sandbox.forkserver) or as `python -m grader.sandbox.child
+REQUEST`, inside the fence (grader.sandbox.fence). It reads the request (then deletes it),
+arms the audit hook, and only then touches the student's code.
 It reports on a pipe, one frame at a time, so that the grader knows what was running if the
 child dies: `exercise-start`, `loading`, `loaded`, `case-start`, `case`, `exercise-done`.
 It never judges: the grader's own process does that from these frames.
 
-An exercise whose cases hold names right (see grader.reference) asks for them with a `held`
+An exercise whose cases hold names right (see grader.load.reference) asks for them with a `held`
 frame once it has started, and reads the reference's cells from a second pipe. The grader
 answers only for the exercise the child is on, so that no reference is in this process
 before the exercises it holds have been judged.
@@ -14,7 +15,6 @@ before the exercises it holds have been judged.
 
 import builtins
 import os
-import struct
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,50 +22,17 @@ from types import ModuleType
 import torch
 
 from grader.api import Case, Context, Student
-from grader.fence import install_audit_hook
-from grader.loader import NotebookError, load_cells, load_notebook
+from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
-from grader.runner import run_case
-
-PUBLIC = ("grader.checks.", "grader.fixtures")
-
-
-class Channel:
-    """The pipe to the grader: length-prefixed frames made by torch.save."""
-
-    def __init__(self, fd: int, nonce: str) -> None:
-        self.fd, self.nonce, self.seq = fd, nonce, 0
-
-    def send(self, kind: str, **fields) -> None:
-        import io
-
-        buffer = io.BytesIO()
-        torch.save({"nonce": self.nonce, "seq": self.seq, "kind": kind, **fields}, buffer)
-        data = buffer.getvalue()
-        payload = struct.pack(">Q", len(data)) + data
-        while payload:
-            payload = payload[os.write(self.fd, payload) :]
-        self.seq += 1
+from grader.sandbox.fence import install_audit_hook
+from grader.sandbox.frames import Channel, read_reply
+from grader.sandbox.runner import run_case
 
 
-def read_reply(fd: int, nonce: str) -> dict:
-    """Read one length-prefixed frame the grader wrote on the reply pipe."""
-    import io
-
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = os.read(fd, n - len(data))
-            if not chunk:
-                raise EOFError("the grader closed the reply pipe")
-            data += chunk
-        return data
-
-    (size,) = struct.unpack(">Q", exactly(8))
-    reply = torch.load(io.BytesIO(exactly(size)), weights_only=True)
-    if not isinstance(reply, dict) or reply.get("nonce") != nonce:
-        raise ValueError("an unexpected reply on the grader's pipe")
-    return reply
+def public_modules() -> set[str]:
+    """Return the modules a case may come from: the manifest's public checks modules and
+    the fixtures they share (never a hidden check or a mistake)."""
+    return {ex.checks for ex in load_manifest().exercises} | {"grader.fixtures"}
 
 
 def held_namespace(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> dict:
@@ -82,7 +49,7 @@ def held_namespace(channel: Channel, reply_fd: int, nonce: str, exercise: str, n
 def resolve_case(origin: list[str]) -> Case:
     """Return the public case function named by the grader, refusing anything else."""
     module_name, attribute = origin
-    if not module_name.startswith(PUBLIC):
+    if module_name not in public_modules():
         raise ValueError(f"{module_name} is not a public checks module")
     module = __import__(module_name, fromlist=[attribute])
     found = getattr(module, attribute)
@@ -98,15 +65,17 @@ TORCH_FUNCTIONS = ("device", "save")
 
 
 def watched_objects() -> dict[str, object]:
-    """Return what the cases rely on: the grader's modules, tensors, modules and builtins."""
+    """Return what the cases rely on: the grader's modules, unittest.mock, tensors, modules
+    and builtins."""
     watched: dict[str, object] = {
         "builtins": builtins,
         "torch.Tensor": torch.Tensor,
         "torch.nn.Module": torch.nn.Module,
     }
     for name, module in list(sys.modules.items()):
-        if (name == "grader" or name.startswith("grader.")) and isinstance(module, ModuleType):
-            watched[name] = module
+        ours = name == "grader" or name.startswith("grader.")
+        if (ours or name == "unittest.mock") and isinstance(module, ModuleType):
+            watched[name] = module  # unittest.mock: the cases swap names with it
     return watched
 
 
@@ -128,14 +97,15 @@ def changed_since(before: dict[str, int], watched: dict[str, object]) -> list[st
     return sorted({k.removesuffix(".__code__") for k, v in before.items() if now.get(k) != v})
 
 
-def main(request_path: str) -> None:
+def main(request_path: str, report_fd: int | None = None, reply_fd: int | None = None) -> None:
+    """Run the request at `request_path`; the pipes' descriptors are in it unless given."""
     request = torch.load(request_path, weights_only=True)
     os.remove(request_path)
     threads = max(1, int(request["threads"]))
     torch.set_num_threads(threads)
     nonce = str(request["nonce"])
-    channel = Channel(int(request["fd"]), nonce)
-    reply_fd = int(request["reply_fd"])
+    channel = Channel(int(request["fd"] if report_fd is None else report_fd), nonce)
+    reply_fd = int(request["reply_fd"] if reply_fd is None else reply_fd)
     manifest = load_manifest()
     from dplab.devices import grading_devices
 

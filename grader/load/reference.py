@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 from grader.authoring import cells_by_grade_id
-from grader.loader import load_notebook, read_cells
+from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import load_manifest, solutions_dir
 
 _lock = threading.Lock()

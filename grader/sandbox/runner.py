@@ -1,6 +1,6 @@
 """Run an exercise's cases against the student's code and record what happened.
 
-This is the only part of the grader that calls student code. `python -m grader.child`
+This is the only part of the grader that calls student code. `python -m grader.sandbox.child`
 uses it in a separate process; the notebook's `check()` uses it in the kernel itself.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from grader.api import Case, Check, Context, Raised, Student, patched
-from grader.transport import pack
+from grader.api import Case, Check, Context, Raised, Student
+from grader.sandbox.transport import pack
 
 MAX_PRINTED = 4000
 
@@ -71,9 +71,7 @@ def holding(case: Case, student: Student, held: dict | None) -> contextlib.ExitS
     """Return a context in which the names the case holds are the reference's (if given)."""
     stack = contextlib.ExitStack()
     if held is not None:
-        for name in case.holds:
-            if name in held:
-                stack.enter_context(patched(student.namespace, name, held[name]))
+        stack.enter_context(student.replaced(**{n: held[n] for n in case.holds if n in held}))
     return stack
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dplab
-from grader.runner import TimeLimit, time_limit
+from grader.sandbox.runner import TimeLimit, time_limit
 
 NEVER_CALLED = frozenset({"check"})  # the notebook's own check cells: grading runs the checks
 

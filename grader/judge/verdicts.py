@@ -3,9 +3,15 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dplab.devices import grading_devices
 from grader.api import Check, Context, Crash, Fail, Raised, raised_in
-from grader.report import CheckResult, ExerciseResult, exercise_result
-from grader.transport import unpack
+from grader.judge.registry import diagnoser
+from grader.load.reference import reference
+from grader.load.submission import Submission
+from grader.manifest import Exercise
+from grader.report.results import CheckResult, ExerciseResult, exercise_result
+from grader.sandbox.supervisor import DEVICES, Collected
+from grader.sandbox.transport import unpack
 
 Diagnose = Callable[[Raised], str | None]
 LIMIT_HINT = (
@@ -183,3 +189,33 @@ def judge_exercise(
         judged.append(verdict)
     name_what_a_crash_blocked(judged)
     return exercise_result(exercise_id, [v.result for v in judged], notes)
+
+
+def judge_reported(
+    ex: Exercise,
+    checks: list[Check],
+    sub: Submission,
+    collected: Collected,
+    seed: int,
+    hidden: bool,
+) -> ExerciseResult:
+    """Judge one exercise of a submission from what its children reported."""
+    outcomes = dict(collected.outcomes.get(ex.id, {}))
+    missing = ""
+    if ex.notebook not in sub.notebooks:
+        missing = f"{ex.notebook} is missing from the submission"
+    elif ex.id in collected.stopped:
+        missing = collected.stopped[ex.id]
+    elif collected.changed.get(ex.id):
+        names = ", ".join(collected.changed[ex.id][:4])
+        outcomes = {}
+        missing = (
+            f"the submission changed the grader's own code or torch ({names}), so "
+            "this exercise's results cannot be trusted"
+        )
+    elif ex.id not in collected.outcomes:
+        missing = f"{ex.notebook} could not be loaded: " + "; ".join(
+            collected.notes.get(ex.notebook, [])
+        )
+    ctx = Context(seed, grading_devices(DEVICES), reference(ex.notebook) if hidden else None)
+    return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from grader.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.grading import (
     Limits,
     default_threads,
@@ -28,9 +27,11 @@ from grader.grading import (
     select_exercises,
     stop_all_children,
 )
+from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
-from grader.report import SubmissionResult, read_json, write_atomically, write_json
-from grader.submission import Submission, find_submission
+from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
+from grader.report.results import SubmissionResult, read_json, write_atomically, write_json
+from grader.sandbox.supervisor import Phases
 
 
 def is_class_folder(path: Path, manifest: Manifest) -> bool:
@@ -153,8 +154,10 @@ def grade_class(
     regrade: bool = False,
     exercises: list[str] | None = None,
     progress: Callable[[int, int, SubmissionResult | None], None] | None = None,
+    phases: Phases | None = None,
 ) -> list[SubmissionResult]:
-    """Grade every submission (see the module docstring) and return the results in order."""
+    """Grade every submission (see the module docstring) and return the results in order
+    (adding the time each phase took to `phases`, if given)."""
     limits = limits or Limits()
     options = {"seed": seed, "hidden": hidden, "limits": repr(limits)}
     subs = [select_exercises(sub, exercises) for sub in subs]
@@ -176,7 +179,9 @@ def grade_class(
 
     def grade(sub: Submission, mark: str) -> SubmissionResult:
         started = time.monotonic()
-        result = grade_submission(sub, seed=seed, hidden=hidden, limits=limits, threads=threads)
+        result = grade_submission(
+            sub, seed=seed, hidden=hidden, limits=limits, threads=threads, phases=phases
+        )
         result.seconds, result.fingerprint = time.monotonic() - started, mark
         return result
 

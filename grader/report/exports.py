@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from grader.manifest import Manifest
-from grader.report import SubmissionResult, write_atomically
+from grader.report.results import SubmissionResult, write_atomically
 
 
 def gradebook_csv(results: list[SubmissionResult], manifest: Manifest) -> str:

@@ -1,0 +1,1 @@
+"""Judge: the checks of each exercise, and their verdicts on what the child reported."""

@@ -1,0 +1,62 @@
+"""Cases stopped for processor time, timed against the reference solution on this machine.
+
+A case stopped at its processor-time limit may be slow code, or a slow machine. The
+reference solution runs the same case here (instructor side): if the reference too needs
+more than a tenth of the limit, the machine is the slow one, and the case runs again with
+MARGIN times the reference's time; otherwise the message gives both times.
+"""
+
+from dataclasses import replace
+
+from grader.api import Check
+from grader.load.reference import available
+from grader.load.submission import Submission
+from grader.manifest import solutions_dir
+from grader.sandbox.supervisor import Collected, Limits, run_isolated
+
+MARGIN = 10  # a case may use this many times the reference's processor time
+
+
+def stopped_for_processor_time(outcome: dict) -> bool:
+    """Return True for a case stopped because it used up its processor time."""
+    error = outcome.get("error") or {}
+    return error.get("type") == "TimeLimit" or str(outcome.get("stopped", "")).startswith(
+        "it used more than"
+    )
+
+
+def time_against_the_reference(
+    sub: Submission,
+    checks: dict[str, list[Check]],
+    collected: Collected,
+    seed: int,
+    limits: Limits,
+    threads: int,
+) -> None:
+    """Time the reference on each case stopped for processor time, and rerun or annotate it."""
+    for ex in sub.exercises:
+        for case_name, outcome in list(collected.outcomes.get(ex.id, {}).items()):
+            if not stopped_for_processor_time(outcome) or not available(ex.notebook):
+                continue
+            on_case = [c for c in checks[ex.id] if c.case.name == case_name]
+            solutions = solutions_dir() / ex.notebook
+            ref = Submission("reference", solutions, {ex.notebook: solutions}, [ex])
+            timed = run_isolated(
+                ref, {ex.id: on_case}, seed, replace(limits, check_seconds=0), threads
+            )
+            ref_outcome = timed.outcomes.get(ex.id, {}).get(case_name, {})
+            if "cpu_seconds" not in ref_outcome or "error" in ref_outcome:
+                continue
+            needed = float(ref_outcome["cpu_seconds"])
+            if limits.check_seconds * threads < MARGIN * needed:  # the machine is the slow one
+                again = run_isolated(
+                    sub,
+                    {ex.id: on_case},
+                    seed,
+                    replace(limits, check_seconds=MARGIN * needed / threads),
+                    threads,
+                )
+                outcome = again.outcomes.get(ex.id, {}).get(case_name, outcome)
+            if stopped_for_processor_time(outcome):
+                outcome = {**outcome, "reference_cpu": needed}
+            collected.outcomes[ex.id][case_name] = outcome

@@ -1,0 +1,1 @@
+"""Load: find a submission, its notebooks, and the reference solutions."""

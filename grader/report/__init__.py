@@ -1,0 +1,1 @@
+"""Report: results per check and exercise, and the files they are written to."""

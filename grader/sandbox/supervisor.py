@@ -1,0 +1,555 @@
+"""Start fenced children on a submission, watch them, and restart them after a stop.
+
+`run_isolated` is the one entry: it runs every exercise's cases and returns what the children
+reported (`Collected`). Student code runs only in the children (grader.sandbox.child), behind
+the fence (grader.sandbox.fence); this process reads their frames and decides nothing about
+the student's code beyond where a child stopped and why.
+
+Limits stop loops, not slow correct code:
+- a case may use `check_seconds` of *processor* time (per thread), which a busy machine does
+  not inflate; the child stops it with TimeLimit, and this process kills a child that
+  ignores the stop;
+- a child that computes nothing for `idle_seconds` while a case runs is waiting (sleep,
+  input, a lock) and is stopped;
+- wall time is only a backstop, per exercise (`exercise_seconds`).
+
+When a child stops early, `Stop.on` says what it was on, and the next child carries on:
+a statement of a notebook is skipped on the next load; a case gets the reason and the
+exercise goes on without it; an exercise that stopped between cases gets the reason.
+"""
+
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from dplab.devices import grading_mode
+from grader.api import Case, Context
+from grader.load.reference import available, held_sources
+from grader.load.submission import Submission
+from grader.manifest import load_manifest
+from grader.sandbox import forkserver
+from grader.sandbox.fence import choose_fence, limit_process, next_child_uid, private_paths
+from grader.sandbox.frames import FrameReader, send_reply
+from grader.sandbox.runner import unique_cases
+
+DEVICES = 2  # the exercises train on two devices, like the book
+LOG_LINES = 12  # of a crashed child's log, kept in the reason
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one grading child may use."""
+
+    check_seconds: float = 60.0  # processor time of one case, per thread (0: no limit)
+    exercise_seconds: float = 900.0  # wall time of one exercise, loading included: a backstop
+    memory_gib: float = 4.0  # data memory of the child (0: no limit)
+    idle_seconds: float = 30.0  # a case that computes nothing for this long is stopped
+
+
+class Phases:
+    """Wall-clock seconds spent in each phase of grading, added up over children and
+    submissions (for `make bench-grade`): starting a child up to its first report, loading
+    notebooks, running cases, and judging (in grader.grading)."""
+
+    NAMES = ("start-up", "notebook load", "cases", "judging")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.NAMES, 0.0)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] += seconds
+
+
+@dataclass
+class Collected:
+    """What the children reported for one submission."""
+
+    outcomes: dict[str, dict[str, dict]] = field(
+        default_factory=dict
+    )  # exercise -> case -> outcome
+    stopped: dict[str, str] = field(default_factory=dict)  # exercise -> why it did not finish
+    changed: dict[str, list[str]] = field(default_factory=dict)  # exercise -> tampered names
+    notes: dict[str, list[str]] = field(default_factory=dict)  # notebook -> loading notes
+    skip: dict[str, list[list[int]]] = field(default_factory=dict)  # notebook -> [cell, line]
+    skip_notes: dict[str, list[str]] = field(default_factory=dict)  # why they were skipped
+    phases: Phases = field(default_factory=Phases)  # where the time went
+
+
+# ---- where a child was when it stopped ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnStatement:
+    """A top-level statement of a notebook, while loading it."""
+
+    notebook: str
+    cell: int
+    line: int
+
+
+@dataclass(frozen=True)
+class OnNotebook:
+    """Loading a notebook, before its first statement."""
+
+    notebook: str
+
+
+@dataclass(frozen=True)
+class OnCase:
+    """A case of an exercise."""
+
+    exercise: str
+    case: str
+
+
+@dataclass(frozen=True)
+class OnExercise:
+    """An exercise, between two of its cases."""
+
+    exercise: str
+
+
+Where = OnStatement | OnNotebook | OnCase | OnExercise | None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How a child ended: where it was (None: between exercises, or done) and why ("": it
+    ended as it should)."""
+
+    on: Where
+    reason: str
+
+
+# ---- watching a child --------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """What the child is doing, as its frames tell, and how much it has computed."""
+
+    exercise: str = ""  # the exercise it is on ("" between exercises)
+    loading: str = ""  # the notebook it is loading
+    statement: tuple[int, int] | None = None  # (code cell, line) of the statement running
+    case: str = ""  # the case running
+    exercise_started: float = 0.0  # wall clock
+    case_cpu: float = 0.0  # processor time at the start of the case
+    started: float = 0.0  # wall clock when the child was asked for
+    reported: bool = False  # it has sent its first frame
+    phase_started: float = 0.0  # wall clock at the start of a load or a case
+    cpu: float = 0.0  # processor time, last reading
+    computed_at: float = 0.0  # wall clock of the last reading that had grown
+
+    def where(self) -> Where:
+        """Say what the child is on."""
+        if self.loading and self.statement is not None:
+            return OnStatement(self.loading, *self.statement)
+        if self.loading:
+            return OnNotebook(self.loading)
+        if self.exercise and self.case:
+            return OnCase(self.exercise, self.case)
+        if self.exercise:
+            return OnExercise(self.exercise)
+        return None
+
+
+def describe_exit(code: int) -> str:
+    """Say in words how a child process ended."""
+    if code < 0:
+        name = signal.Signals(-code).name
+        return {
+            "SIGSEGV": "crashed with a segmentation fault",
+            "SIGBUS": "crashed with a bus error",
+            "SIGABRT": "aborted",
+            "SIGKILL": "was killed (SIGKILL), most likely for using too much memory",
+            "SIGXFSZ": "wrote more output than allowed",
+        }.get(name, f"was killed by {name}")
+    return f"exited with code {code} (the code called os._exit or sys.exit, or crashed)"
+
+
+def log_tail(log: Path, lines: int = LOG_LINES) -> str:
+    """Return the last lines a child wrote to its log (its stderr: a crash's traceback)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def processor_seconds_of(pid: int) -> float | None:
+    """Return the processor time process `pid` has used, all threads, or None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime and stime
+
+
+def held_reply(exercise: str, asked: list[str], plan) -> list[str] | None:
+    """Return the reference cells for what the exercise's cases hold, or None if there are
+    none to give (no reference here, or a request the plan does not explain)."""
+    ex = load_manifest().exercise(exercise)
+    allowed = {n for _, case, _ in plan for n in case.holds}
+    names = [n for n in asked if n in allowed]
+    if not names or not available(ex.notebook):
+        return None
+    return held_sources(ex.notebook, names)
+
+
+# ---- starting a child --------------------------------------------------------------------
+
+
+class Child(Protocol):
+    """A started child: `subprocess.Popen`, or a child of the fork server."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+_children: set[Child] = set()
+_children_lock = threading.Lock()
+
+
+def stop_all_children() -> None:
+    """Kill every grading child still running (on Ctrl-C)."""
+    with _children_lock:
+        for proc in list(_children):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def base_environment() -> dict[str, str]:
+    """Return the environment every child shares."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADER_", "JUPYTER"))}
+    env.update(
+        MPLBACKEND="Agg",
+        DPLAB_OFFLINE="1",
+        DPLAB_DEVICES=grading_mode(),  # the same devices for every submission on this machine
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    return env
+
+
+def child_environment(scratch: Path, threads: int) -> dict[str, str]:
+    """Return the environment of the child working in `scratch`."""
+    env = base_environment()
+    env.update(
+        DPLAB_FIGURE_DIR=str(scratch),
+        MPLCONFIGDIR=str(scratch / ".matplotlib"),
+        HOME=str(scratch),
+        OMP_NUM_THREADS=str(threads),
+        TMPDIR=str(scratch / "tmp"),
+    )
+    return env
+
+
+def start_mode() -> str:
+    """Return how children start: "fork" (from the warm fork server) or "spawn" (a new
+    Python each). `GRADER_START` chooses; by default, fork unless a CUDA device is visible."""
+    asked = os.environ.get("GRADER_START", "auto").strip().lower()
+    if asked in ("fork", "spawn"):
+        return asked
+    return "spawn" if torch.cuda.device_count() > 0 else "fork"
+
+
+def fork_server() -> forkserver.ForkServer | None:
+    """Return the fork server, ready; None where children must be started afresh (see
+    `start_mode`) or the server cannot fence its children."""
+    return forkserver.ready_server() if start_mode() == "fork" else None
+
+
+def start_child(
+    request: dict, scratch: Path, threads: int, limits: Limits, report_fd: int, reply_fd: int
+) -> Child:
+    """Start a fenced child on the request file `request["path"]`, from the fork server
+    where there is one, else as a new Python."""
+    fence = choose_fence()
+    uid = next_child_uid() if fence.own_uid else None
+    if uid is not None:  # the scratch folder becomes this child's alone
+        for p in [scratch, *scratch.rglob("*")]:
+            os.chown(p, uid, uid)
+    env = child_environment(scratch, threads)
+    with open(scratch / "child.log", "ab") as log:
+        server = fork_server()
+        if server is not None:
+            order = {
+                "request": str(request["path"]),
+                "scratch": str(scratch),
+                "env": env,
+                "uid": uid,
+                "fence": asdict(server.fence),
+                "private": [str(p) for p in private_paths()],
+                "memory_gib": limits.memory_gib,
+            }
+            try:
+                return server.fork(order, report_fd, reply_fd, log.fileno())
+            except OSError:  # the server has gone: start this child afresh
+                pass
+        proc = subprocess.Popen(
+            [
+                *fence.prefix(uid),
+                sys.executable,
+                "-X",
+                "faulthandler",
+                "-m",
+                "grader.sandbox.child",
+                str(request["path"]),
+            ],
+            cwd=scratch,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(report_fd, reply_fd),
+            start_new_session=True,
+        )
+    try:
+        limit_process(proc.pid, limits.memory_gib)
+    except (ProcessLookupError, PermissionError):
+        pass  # it has already ended, or the system does not allow it
+    return proc
+
+
+def run_child(
+    sub: Submission,
+    plans: dict[str, list[tuple[str, Case, dict]]],
+    seed: int,
+    limits: Limits,
+    threads: int,
+    scratch: Path,
+    collected: Collected,
+) -> Stop:
+    """Run one child on `plans`, adding what it reports to `collected`; return how it ended."""
+    nonce = secrets.token_hex(16)
+    read_fd, write_fd = os.pipe()
+    reply_read, reply_write = os.pipe()
+    request_path = scratch / f"request-{nonce[:8]}.pt"
+    asked = time.monotonic()
+    torch.save(
+        {
+            "fd": write_fd,
+            "reply_fd": reply_read,
+            "nonce": nonce,
+            "seed": seed,
+            "devices": DEVICES,
+            "threads": threads,
+            "scratch": str(scratch),
+            "private": [str(p) for p in private_paths()],
+            "check_seconds": limits.check_seconds,
+            "skip": collected.skip,
+            "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
+            "exercises": [
+                [ex, [[name, list(case.origin), args] for name, case, args in plan]]
+                for ex, plan in plans.items()
+            ],
+        },
+        request_path,
+    )
+    try:
+        proc = start_child({"path": request_path}, scratch, threads, limits, write_fd, reply_read)
+    finally:
+        os.close(write_fd)
+        os.close(reply_read)
+    with _children_lock:
+        _children.add(proc)
+    reader = FrameReader(nonce)
+    now = time.monotonic()
+    watch = Watch(exercise_started=now, computed_at=now, started=asked)
+    # The child stops a case at the limit itself; this is for a case that ignores the stop.
+    hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
+    reason = ""
+    try:
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], 0.2)
+            data = os.read(read_fd, 1 << 20) if ready else b""
+            now = time.monotonic()
+            for frame in reader.feed(data):
+                follow(frame, watch, now, collected, plans, reply_write, nonce)
+            if reader.broken:
+                reason = reader.broken
+                break
+            if ready and not data:  # end of file: the child has closed its end
+                break
+            cpu = processor_seconds_of(proc.pid)
+            if cpu is not None:
+                if cpu > watch.cpu + 0.01:
+                    watch.computed_at = now
+                watch.cpu = cpu
+            reason = over_a_limit(watch, cpu, now, limits, hard_cpu)
+            if reason:
+                break
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        code = proc.wait()
+        with _children_lock:
+            _children.discard(proc)
+        os.close(read_fd)
+        os.close(reply_write)
+    if not reason and (watch.exercise or watch.loading or code != 0):
+        reason = f"the grading process {describe_exit(code)}"
+        tail = log_tail(scratch / "child.log")
+        if tail:
+            reason += "; the last lines it wrote:\n" + tail
+    return Stop(watch.where(), reason)
+
+
+def follow(
+    frame: dict,
+    watch: Watch,
+    now: float,
+    collected: Collected,
+    plans: dict,
+    reply_fd: int,
+    nonce: str,
+) -> None:
+    """Take one frame of the child's report into `watch` and `collected`."""
+    kind = frame["kind"]
+    if not watch.reported:
+        watch.reported = True
+        collected.phases.add("start-up", now - watch.started)
+    if kind in ("loading", "case-start"):
+        watch.phase_started = now
+    elif kind == "loaded":
+        collected.phases.add("notebook load", now - watch.phase_started)
+    elif kind == "case":
+        collected.phases.add("cases", now - watch.phase_started)
+    if kind == "exercise-start":
+        watch.exercise, watch.exercise_started = str(frame["exercise"]), now
+    elif kind == "loading":
+        watch.loading = str(frame["notebook"])
+        watch.case_cpu, watch.computed_at = watch.cpu, now
+    elif kind == "statement":
+        watch.statement = (int(frame["cell"]), int(frame["line"]))
+        watch.case_cpu, watch.computed_at = watch.cpu, now
+    elif kind == "loaded":
+        watch.loading, watch.statement = "", None
+        collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
+    elif kind == "held":
+        asked = [str(n) for n in frame.get("names", [])]
+        cells = None
+        if frame.get("exercise") == watch.exercise and watch.exercise in plans:
+            cells = held_reply(watch.exercise, asked, plans[watch.exercise])
+        send_reply(reply_fd, nonce, cells=cells)
+    elif kind == "case-start":
+        watch.case, watch.case_cpu = str(frame["case"]), watch.cpu
+        watch.computed_at = now
+    elif kind == "case":
+        watch.case = ""
+        collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame["outcome"]
+    elif kind == "exercise-done":
+        collected.changed[frame["exercise"]] = list(frame.get("changed", []))
+        if frame.get("unloadable"):
+            collected.stopped[frame["exercise"]] = str(frame["unloadable"])
+        watch.exercise = ""
+
+
+def over_a_limit(
+    watch: Watch, cpu: float | None, now: float, limits: Limits, hard_cpu: float
+) -> str:
+    """Return why the child must be stopped now, or "" if it may go on."""
+    busy = watch.case or watch.loading  # a case, or a statement while loading
+    if busy and hard_cpu and cpu is not None and cpu - watch.case_cpu > hard_cpu:
+        return (
+            f"it used more than {limits.check_seconds:g} s of processor time, the "
+            "time limit per check, and did not stop"
+        )
+    if busy and limits.idle_seconds and now - watch.computed_at > limits.idle_seconds:
+        return (
+            f"it computed nothing for {limits.idle_seconds:g} s: it was waiting "
+            "(time.sleep, input(), a lock or a pipe)"
+        )
+    if limits.exercise_seconds and now - watch.exercise_started > limits.exercise_seconds:
+        what = f"loading {watch.loading}" if watch.loading else "this exercise"
+        return f"{what} ran past the time limit of {limits.exercise_seconds:g} s of wall time"
+    return ""
+
+
+def run_isolated(
+    sub: Submission,
+    checks: dict[str, list],
+    seed: int,
+    limits: Limits,
+    threads: int,
+    phases: Phases | None = None,
+) -> Collected:
+    """Run every exercise's cases in fenced children, restarting after a child stops early."""
+    collected = Collected(phases=phases or Phases())
+    todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
+    base = Context(seed)
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        scratch = Path(tmp)
+        (scratch / "submission").mkdir()
+        for name, path in sub.notebooks.items():
+            shutil.copyfile(path, scratch / "submission" / name)
+        scratch.chmod(0o700)
+        (scratch / "tmp").mkdir()
+        while todo:
+            plans = {
+                ex.id: [
+                    (c.name, c, c.arguments(base.for_case(c.name)))
+                    for c in unique_cases(checks[ex.id])
+                    if c.name not in collected.outcomes.get(ex.id, {})
+                ]
+                for ex in todo
+            }
+            before = sum(map(len, collected.outcomes.values())) + len(collected.changed)
+            stop = run_child(sub, plans, seed, limits, threads, scratch, collected)
+            match stop.on:
+                case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
+                    collected.skip.setdefault(notebook, []).append([cell, line])
+                    collected.skip_notes.setdefault(notebook, []).append(
+                        f"code cell {cell}, line {line}: skipped, because {stop.reason} "
+                        "while running it"
+                    )
+                case OnNotebook(notebook):
+                    for ex in todo:
+                        if ex.notebook == notebook:
+                            collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
+                case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
+                    collected.outcomes.setdefault(exercise, {})[case] = {"stopped": stop.reason}
+                case OnExercise(exercise):
+                    collected.stopped[exercise] = stop.reason
+                case None if stop.reason:
+                    first = next(ex.id for ex in todo if ex.id not in collected.changed)
+                    collected.stopped[first] = stop.reason
+            progress = sum(map(len, collected.outcomes.values())) + len(collected.changed)
+            if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
+                stuck = next(ex for ex in todo if ex.id not in collected.changed)
+                collected.stopped[stuck.id] = "the grading process ended without a report"
+            todo = [
+                ex
+                for ex in todo
+                if ex.id not in collected.changed and ex.id not in collected.stopped
+            ]
+    return collected
