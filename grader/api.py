@@ -1,11 +1,19 @@
 """The vocabulary of a checks module: cases, checks, failures and comparisons.
 
-A *case* calls the student's code on chosen inputs and returns what it saw (tensors, flags,
-printed text). Cases run in the grading child process, next to the student's code.
-
-A *check* judges one case's outcome and either returns (passed) or raises `Fail` with what
-came back and what was expected. Checks run in the grader's own process, which the student's
-code never reaches. Points, hidden status and the hint are data on the check.
+How to add a check
+------------------
+1. In `grader/checks/<exercise>.py` (the module the manifest names), write a *case*: a
+   function of (student, ctx, **params) that calls the student's code and returns what it
+   saw. It runs in the grading child, next to the student's code. Call the function the
+   exercise asks for as `student.fn`; swap another of the student's names for the case's
+   length with `with student.replaced(lenet=recorder): ...`, and a library's name with
+   `unittest.mock.patch.object`. Draw random inputs from `ctx.generator()` (seeded per
+   case), and use `ctx.devices`.
+2. Write a *check*: a function of (seen, ctx) that returns when the property holds and
+   raises `Fail` (through `expect`, `expect_equal`, `expect_close`) when it does not. It
+   runs in the grader's own process. Give it points and a hint that names the mistake.
+3. Make the exercise's points in `grader/manifest.toml` the sum of its checks' points (a
+   test makes sure), and run `make exercises`.
 
     @case
     def book_demo(student, ctx):
@@ -18,6 +26,12 @@ code never reaches. Points, hidden status and the hint are data on the check.
         for t in seen:
             expect_equal(t, torch.tensor([[3.0, 3.0]]), "each tensor after allreduce")
 
+A variant of a case, with other inputs, is `book_demo.using("name", "what it does", n=4)`:
+its parameters are values, or functions of ctx that the grader computes from the case's seed.
+Hidden checks (`grader/hidden/<exercise>.py`) use public cases this way, so that their
+inputs stay on the instructor's side. `@error_hints` declares a function that turns an error
+the student's code raised into a hint naming the mistake.
+
 One mistake should cost the checks about it, and no others:
 - a case that records what the student's code does on the way (a training loop) calls it
   through `attempt`, so that a crash at the end still leaves what happened before it to
@@ -25,7 +39,9 @@ One mistake should cost the checks about it, and no others:
 - a case that calls the student's function, which in turn calls the student's other
   functions, names those in `holds`: where the reference solution is at hand (the
   instructor's side) they are replaced by the reference's for the case, so that a wrong
-  `allreduce` costs the checks of `allreduce`, not those of `train_batch` as well.
+  `allreduce` costs the checks of `allreduce`, not those of `train_batch` as well;
+- `after=` on a check names the checks that must pass first, so that a side property
+  earns nothing for code that got the main result wrong.
 """
 
 import dataclasses
@@ -40,6 +56,21 @@ import torch
 from torch import Tensor
 
 from grader.sandbox.transport import SeenTensor
+
+# What a checks module uses; the rest of this module is the grader's own.
+__all__ = [
+    "Fail",
+    "attempt",
+    "case",
+    "check",
+    "close",
+    "error_hints",
+    "expect",
+    "expect_close",
+    "expect_equal",
+    "returned",
+    "short",
+]
 
 
 class Fail(Exception):
@@ -232,6 +263,20 @@ def case(run: Callable[..., Any] | None = None, *, holds: tuple[str, ...] = ()) 
         return Case(fn.__name__, fn, doc, (fn.__module__, fn.__name__), holds=tuple(holds))
 
     return declare(run) if run is not None else declare
+
+
+@dataclass(frozen=True)
+class ErrorHints:
+    """A checks module's hints for errors that the student's code raised (see `error_hints`)."""
+
+    hint_for: Callable[[Raised], str | None]
+
+
+def error_hints(fn: Callable[[Raised], str | None]) -> ErrorHints:
+    """Declare a function that names the mistake behind an error the student's code raised
+    (Raised -> a hint, or None when it does not know it); the grader finds it as it finds
+    the checks, and asks it before showing a crashed check's own hint."""
+    return ErrorHints(fn)
 
 
 def check(

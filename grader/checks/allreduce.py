@@ -8,6 +8,7 @@ from grader.api import (
     attempt,
     case,
     check,
+    error_hints,
     expect,
     expect_close,
     expect_equal,
@@ -199,6 +200,7 @@ def no_two_results_share_memory(seen, ctx):
                 )
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Expected all tensors to be on the same device" in raised.message:

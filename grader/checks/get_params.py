@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 import dplab
-from grader.api import Fail, case, check, expect, expect_close, expect_equal, short
+from grader.api import Fail, case, check, error_hints, expect, expect_close, expect_equal, short
 from grader.fixtures import lenet_loss, random_batch
 from grader.sandbox.transport import SeenTensor
 
@@ -177,6 +177,7 @@ def gradients_reach_the_copies(seen, ctx):
         expect_close(c.grad, p.grad, f"the grad of copy {i}")
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "require_grad_" in raised.message:

@@ -9,7 +9,7 @@ the first forward pass, so each case runs the network once before looking at its
 import torch
 from torch import nn
 
-from grader.api import Fail, attempt, case, check, expect, returned
+from grader.api import Fail, attempt, case, check, error_hints, expect, returned
 
 PARAMETERS = 11_175_818  # in all, for 10 classes
 STEM_PARAMETERS = 64 * 1 * 3 * 3 + 64 + 2 * 64  # the 3x3 convolution and its batch norm
@@ -236,6 +236,7 @@ def takes_96x96_colour_images_and_any_class_count(seen, ctx):
     expect(seen == [2, 7], f"the output has shape {seen}, expected [2, 7]")
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Residual" in raised.message and "argument" in raised.message:

@@ -2,7 +2,7 @@
 
 import torch
 
-from grader.api import case, check, expect, expect_equal, short
+from grader.api import case, check, error_hints, expect, expect_equal, short
 from grader.fixtures import cycle
 from grader.sandbox.transport import SeenTensor
 
@@ -174,6 +174,7 @@ def rejects_mismatched_lengths_with_a_message(seen, ctx):
     )
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Expected a non cpu device" in raised.message:

@@ -14,7 +14,7 @@ not one device the whole batch.
 import torch
 
 import dplab
-from grader.api import Fail, case, check, close, expect, expect_close
+from grader.api import Fail, case, check, close, error_hints, expect, expect_close
 from grader.fixtures import cycle, lenet_loss, random_batch, which_replica
 from grader.sandbox.transport import SeenTensor
 
@@ -241,6 +241,7 @@ def two_steps_match_two_sgd_steps(seen, ctx):
     expect_plain_sgd(seen, ctx, n=8, k=2, steps=2)
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "NoneType" in raised.message:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dplab
-from grader.api import attempt, case, check, expect
+from grader.api import attempt, case, check, error_hints, expect
 from grader.fixtures import RecordedBatches, batch_name, quiet_animator, sample_images
 from grader.sandbox.transport import SeenTensor
 
@@ -297,6 +297,7 @@ def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
     expect(not any(e[1] for e in test), "the test batch ran in training mode")
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "module must have its parameters and buffers on device" in raised.message:

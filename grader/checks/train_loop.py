@@ -20,7 +20,7 @@ from unittest import mock
 import torch
 
 import dplab
-from grader.api import Fail, attempt, case, check, expect, returned
+from grader.api import Fail, attempt, case, check, error_hints, expect, returned
 from grader.fixtures import (
     FirstBatches,
     RecordedBatches,
@@ -349,6 +349,7 @@ def accuracy_rises_above_chance(seen, ctx):
     )
 
 
+@error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "NVIDIA driver" in raised.message or "Torch not compiled with CUDA" in raised.message:

@@ -4,7 +4,7 @@ import dataclasses
 import importlib
 from types import ModuleType
 
-from grader.api import Check, Raised
+from grader.api import Check, ErrorHints, Raised
 from grader.manifest import Exercise
 
 
@@ -59,11 +59,11 @@ def exercise_checks(exercise: Exercise, include_hidden: bool) -> list[Check]:
 def diagnoser(exercise: Exercise):
     """Return the exercise's function that turns an exception into a hint (or None)."""
     modules = [m for m in (_module(exercise.checks), _module(exercise.hidden)) if m is not None]
-    found = [m.diagnose for m in modules if callable(getattr(m, "diagnose", None))]
+    found = [v for m in modules for v in vars(m).values() if isinstance(v, ErrorHints)]
 
     def diagnose(raised: Raised) -> str | None:
-        for d in found:
-            if hint := d(raised):
+        for hints in found:
+            if hint := hints.hint_for(raised):
                 return hint
         return None
 
