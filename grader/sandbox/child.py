@@ -17,7 +17,7 @@ import builtins
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import FunctionType, ModuleType
 
 import torch
 
@@ -85,9 +85,8 @@ def fingerprint(watched: dict[str, object]) -> dict[str, int]:
     for name, obj in watched.items():
         for attribute, value in list(vars(obj).items()):
             marks[f"{name}.{attribute}"] = id(value)
-            code = getattr(value, "__code__", None)
-            if code is not None:
-                marks[f"{name}.{attribute}.__code__"] = id(code)
+            if isinstance(value, FunctionType):  # (not getattr: a mock makes one up)
+                marks[f"{name}.{attribute}.__code__"] = id(value.__code__)
     return marks
 
 
