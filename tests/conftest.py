@@ -27,6 +27,29 @@ SOLUTIONS = REPO / "solutions" / load_manifest().assignment
 EXERCISES = REPO / "exercises" / load_manifest().assignment
 
 
+# Fixtures that grade a class, run nbgrader, a notebook in a kernel or JupyterLab: a test that
+# uses one is slow (`make test-fast` leaves it out), like a test marked so by hand.
+SLOW_FIXTURES = {
+    "checkout",
+    "concise",
+    "course",
+    "exported",
+    "graded",
+    "lab",
+    "on_stand_ins",
+    "on_the_cpu",
+    "regenerated",
+    "report",
+    "scratch",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def manifest():
     return load_manifest()

@@ -89,6 +89,7 @@ def test_the_run_ends_with_a_summary_table(exported):
     assert "allreduce            5.5   11         1/2" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_rerun_skips_what_is_graded_and_regrades_what_changed(tmp_path):
     make_class(tmp_path / "submitted", ["ann", "ben"])
     report = tmp_path / "r.json"
@@ -107,6 +108,7 @@ def test_a_rerun_skips_what_is_graded_and_regrades_what_changed(tmp_path):
     assert {r.id: r for r in read_json(report)}["ann"].seconds != first["ann"].seconds
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_keeps_every_finished_submission(tmp_path):
     names = [f"s{i}" for i in range(6)]
     make_class(tmp_path / "submitted", names)

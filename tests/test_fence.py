@@ -4,6 +4,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from grader.manifest import REPO
 from grader.sandbox.fence import choose_fence, private_paths
 
@@ -59,6 +61,7 @@ def test_the_fence_says_what_it_enforces():
     assert choose_fence().description
 
 
+@pytest.mark.slow
 def test_without_namespaces_the_audit_hook_still_keeps_a_submission_in(tmp_path):
     """Where no namespace is allowed, the private files and the network stay out of reach."""
     import json

@@ -62,6 +62,7 @@ def test_submission_ids_come_from_folder_names(report):
     assert [s["id"] for s in report] == ["solutions", "exercises"]
 
 
+@pytest.mark.slow
 def test_a_single_notebook_is_graded_on_its_own_exercises(tmp_path):
     out = tmp_path / "r.json"
     proc = grade("grade", str(SOLUTIONS / "concise.ipynb"), "--json", str(out))
@@ -71,6 +72,7 @@ def test_a_single_notebook_is_graded_on_its_own_exercises(tmp_path):
     assert sub["score"] == sub["max_score"]
 
 
+@pytest.mark.slow
 def test_check_shows_each_check_and_its_hint(tmp_path):
     proc = grade("check", str(EXERCISES / "from_scratch.ipynb"), "--exercise", "allreduce")
     assert proc.returncode == 1
@@ -80,12 +82,14 @@ def test_check_shows_each_check_and_its_hint(tmp_path):
     assert "(hidden)" not in proc.stdout  # students run public checks only
 
 
+@pytest.mark.slow
 def test_check_passes_on_the_reference(tmp_path):
     proc = grade("check", str(SOLUTIONS), "-e", "split_batch", "-e", "get_params")
     assert proc.returncode == 0, proc.stdout
     assert "split_batch (Split a minibatch across devices): 6 of 6 checks passed" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "says"),
     [

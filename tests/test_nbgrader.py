@@ -57,6 +57,9 @@ def allreduce(data):
         other.copy_(total)
 '''
 
+# Every test here starts graders or nbgrader.
+pytestmark = pytest.mark.slow
+
 
 def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(
@@ -163,7 +166,6 @@ def gradebook_scores(course: Path) -> dict[str, dict[str, float]]:
     return scores
 
 
-@pytest.mark.slow
 def test_autograde_agrees_with_the_grader_on_honest_notebooks(course):
     _, graded, kernel = course
     for student in HONEST:
@@ -171,7 +173,6 @@ def test_autograde_agrees_with_the_grader_on_honest_notebooks(course):
         assert kernel[student] == ours, student
 
 
-@pytest.mark.slow
 def test_the_gradebook_holds_the_fenced_scores(course):
     path, graded, _ = course
     book = gradebook_scores(path)
@@ -180,7 +181,6 @@ def test_the_gradebook_holds_the_fenced_scores(course):
         assert book[student] == ours, student
 
 
-@pytest.mark.slow
 def test_replacing_check_raises_no_score_in_the_gradebook(course):
     path, graded, kernel = course
     fooled = sum(kernel["mallory"].values())
@@ -202,7 +202,6 @@ def test_a_gradebook_without_the_assignment_is_refused(tmp_path):
     assert f"nbgrader generate_assignment {ASSIGNMENT}" in proc.stderr
 
 
-@pytest.mark.slow
 def test_the_reference_gets_full_marks_and_the_stubs_none(course):
     path, graded, _ = course
     rows = {row["student_id"]: row for row in csv.DictReader((path / "grades.csv").open())}
@@ -211,7 +210,6 @@ def test_the_reference_gets_full_marks_and_the_stubs_none(course):
     assert graded["alice"]["score"] == MANIFEST.max_score and graded["bob"]["score"] == 0
 
 
-@pytest.mark.slow
 def test_catalogued_mistakes_lose_their_points_in_both(course):
     _, graded, _ = course
     carol = {e["name"]: e["score"] for e in graded["carol"]["exercises"]}
@@ -219,7 +217,6 @@ def test_catalogued_mistakes_lose_their_points_in_both(course):
     assert carol["get_params"] == 11
 
 
-@pytest.mark.slow
 def test_feedback_shows_the_hints(course):
     path, _, _ = course
     html = (path / "feedback" / "carol" / ASSIGNMENT / "from_scratch.html").read_text()
@@ -227,7 +224,6 @@ def test_feedback_shows_the_hints(course):
     assert "The loops are swapped" in html
 
 
-@pytest.mark.slow
 def test_harmless_stderr_output_does_not_zero_a_correct_cell(course):
     _, graded, kernel = course
     assert kernel["dave"]["allreduce"] == 11

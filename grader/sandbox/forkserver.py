@@ -76,6 +76,12 @@ def preload() -> None:
         __import__(ex.checks)
 
 
+def preload_when_idle() -> None:
+    """Import what only some children need, once the server is ready and has nothing to do:
+    the first children import it themselves, later ones find it here."""
+    import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 1.2 s)
+
+
 def _close_other_descriptors(keep: set[int]) -> None:
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
@@ -150,15 +156,22 @@ def probe_fence(fence: Fence) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def serve(control: socket.socket, fence: Fence) -> None:
-    """Answer fork requests on `control` until the grader closes it."""
+def serve(control: socket.socket, fence: Fence, everything: bool = True) -> None:
+    """Answer fork requests on `control` until the grader closes it. With `everything`, it
+    imports all it may need before it is ready (a grade); without, only what every child
+    needs, and the rest while it waits (a student's check of one exercise)."""
     preload()
+    later = [] if everything else [preload_when_idle]
+    if everything:
+        preload_when_idle()
     control.send(json.dumps({"ready": True, "fence": probe_fence(fence)}).encode())
     children: dict[int, int] = {}  # pid -> status descriptor
     try:
         while True:
             ready, _, _ = select.select([control], [], [], 0.02)
-            if ready:
+            if not ready and later and not children:
+                later.pop()()
+            elif ready:
                 message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
                 if not message:
                     break  # the grader has gone
@@ -201,7 +214,8 @@ def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     fence = Fence(**json.loads(sys.argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
-    serve(control, fence)
+    serve(control, fence, everything=sys.argv[3:4] != ["some"])
+    os._exit(0)  # nothing to tidy: unloading torch would only cost a second
 
 
 # ---- the grader's side -------------------------------------------------------------------
@@ -234,7 +248,9 @@ class ForkedChild:
 class ForkServer:
     """The grader's handle on one fork server; `fork` starts a fenced child."""
 
-    def __init__(self, fence: Fence, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, fence: Fence, env: dict[str, str], log: Path, everything: bool = True
+    ) -> None:
         self.fence = fence
         self._lock = threading.Lock()  # one request at a time on the socket
         self._ready_lock = threading.Lock()  # one reader of the ready message
@@ -247,6 +263,7 @@ class ForkServer:
                     "grader.sandbox.forkserver",
                     str(theirs.fileno()),
                     json.dumps(asdict(fence)),
+                    "all" if everything else "some",
                 ],
                 env=env,
                 cwd=tempfile.gettempdir(),
@@ -299,17 +316,24 @@ class ForkServer:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def close(self) -> None:
-        """End the server (it kills any child still running)."""
+    def close(self, wait: bool = True) -> None:
+        """End the server (it kills any child still running when it sees the socket close)."""
         if self._socket.fileno() < 0:
             return
         self._socket.close()
+        if not wait:
+            return
         try:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
 
+
+# PyTorch's OpenMP threads spin while they wait for each other. On a machine whose cores are
+# busy with other work, that spinning made one grade take 74 s instead of 9 s (2 cores, one
+# of them kept busy); passive waiting costs under a second on an idle machine.
+WAIT_POLICY = "PASSIVE"
 
 _shared: ForkServer | None = None
 _shared_lock = threading.Lock()
@@ -325,19 +349,33 @@ def server_environment(folder: Path) -> dict[str, str]:
         PYTHONDONTWRITEBYTECODE="1",
         PYTORCH_NVML_BASED_CUDA_CHECK="1",  # CUDA checks that never initialise CUDA
     )
+    env.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     return env
 
 
-def start() -> ForkServer:
+def stop() -> None:
+    """End the shared fork server, if one runs, without waiting for it to exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.close(wait=False)
+            shutil.rmtree(_shared.log.parent, ignore_errors=True)
+            _shared = None
+
+
+def start(everything: bool = True) -> ForkServer:
     """Start the shared fork server if none runs (it imports in the background) and return
-    it. Cheap to call early: this process imports no torch for it."""
+    it. Cheap to call early: this process imports no torch for it. Without `everything`,
+    it is ready sooner and imports what only some children need while it waits."""
     global _shared
     from grader.sandbox.fence import choose_fence
 
     with _shared_lock:
         if _shared is None or not _shared.alive():
             folder = Path(tempfile.mkdtemp(prefix="grader-forkserver-"))
-            _shared = ForkServer(choose_fence(), server_environment(folder), folder / "log")
+            _shared = ForkServer(
+                choose_fence(), server_environment(folder), folder / "log", everything
+            )
             atexit.register(shutil.rmtree, folder, True)
             atexit.register(_shared.close)
         return _shared

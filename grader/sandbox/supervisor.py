@@ -182,15 +182,24 @@ def describe_exit(code: int) -> str:
 
 
 def log_tail(log: Path, lines: int = LOG_LINES) -> str:
-    """Return the last lines a child wrote to its log (its stderr: a crash's traceback)."""
+    """Return what a child's log (its stderr) says about how it ended: its last fatal error
+    (faulthandler's report, innermost call first) from the top, else its last lines (a
+    Python traceback ends with the error)."""
     try:
         with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    kept = [line for line in text.splitlines() if line.strip()][-lines:]
-    return "\n".join(kept)
+    kept = [
+        line
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("Extension modules:")
+    ]
+    starts = [i for i, line in enumerate(kept) if line.startswith("Fatal Python error")]
+    if starts and len(kept) - starts[-1] > lines:
+        return "\n".join(kept[starts[-1] : starts[-1] + lines])
+    return "\n".join(kept[-lines:])
 
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -267,6 +276,7 @@ def child_environment(scratch: Path, threads: int) -> dict[str, str]:
         OMP_NUM_THREADS=str(threads),
         TMPDIR=str(scratch / "tmp"),
     )
+    env.setdefault("OMP_WAIT_POLICY", forkserver.WAIT_POLICY)  # see there
     return env
 
 

@@ -1,0 +1,78 @@
+"""Children forked from the warm fork server grade, fail and stay fenced as started ones do."""
+
+import subprocess
+
+import pytest
+
+from grader.grading import grade_path
+from grader.manifest import load_manifest
+from grader.sandbox.supervisor import Phases
+from tests.conftest import SOLUTIONS, python, write_notebook
+from tests.test_hostile import replacing
+
+MANIFEST = load_manifest()
+QUICK = ["try_gpu", "allreduce", "split_batch"]
+
+
+def verdicts(result) -> dict[str, tuple[bool, float, str]]:
+    return {
+        f"{ex.name}::{c.name}": (c.passed, c.points, c.message)
+        for ex in result.exercises
+        for c in ex.checks
+    }
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+def test_the_reference_gets_full_marks_however_its_child_starts(mode, monkeypatch):
+    monkeypatch.setenv("GRADER_START", mode)
+    phases = Phases()
+    result = grade_path(SOLUTIONS / "from_scratch.ipynb", QUICK, phases=phases)
+    assert result.score == sum(MANIFEST.exercise(e).points for e in QUICK)
+    assert all(phases.seconds[name] > 0 for name in phases.NAMES), phases.seconds
+
+
+def test_a_forked_child_and_a_started_one_give_the_same_verdicts(tmp_path, monkeypatch):
+    folder = tmp_path / "mixed" / MANIFEST.assignment
+    cells = replacing("allreduce", "def allreduce(data):\n    data[0] = data[0] + data[1]")
+    write_notebook(folder / "from_scratch.ipynb", *cells)
+    found = {}
+    for mode in ("fork", "spawn"):
+        monkeypatch.setenv("GRADER_START", mode)
+        found[mode] = verdicts(grade_path(folder, QUICK))
+    assert found["fork"] == found["spawn"]
+    assert not all(passed for passed, _, _ in found["fork"].values())
+
+
+def test_a_crash_is_reported_with_the_end_of_the_childs_log(tmp_path):
+    folder = tmp_path / "crash" / MANIFEST.assignment
+    crash = "def try_gpu(i=0):\n    import ctypes\n    ctypes.string_at(0)"
+    write_notebook(folder / "from_scratch.ipynb", *replacing("try_gpu", crash))
+    result = grade_path(folder, ["try_gpu", "allreduce"])
+    by_id = {ex.name: ex for ex in result.exercises}
+    said = " ".join(c.message for c in by_id["try_gpu"].checks)
+    assert "segmentation fault" in said
+    assert "Fatal Python error" in said  # faulthandler's report, from the child's log
+    assert by_id["allreduce"].score == MANIFEST.exercise("allreduce").points
+
+
+def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
+    hidden = MANIFEST.package_folder(MANIFEST.private_packages[0]) / "try_gpu.py"
+    peek = f"def try_gpu(i=0):\n    return open({str(hidden)!r}).read()"
+    folder = tmp_path / "peek" / MANIFEST.assignment
+    write_notebook(folder / "from_scratch.ipynb", *replacing("try_gpu", peek))
+    monkeypatch.setenv("GRADER_START", "fork")
+    (ex,) = grade_path(folder, ["try_gpu"]).exercises
+    assert ex.score == 0
+    assert "private to the grader" in " ".join(c.message for c in ex.checks)
+
+
+def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
+    code = (
+        "import sys\n"
+        "from grader.sandbox.forkserver import preload, preload_when_idle\n"
+        "preload(); preload_when_idle()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('grader.hidden', "
+        "'grader.mistakes', 'grader.load.reference', 'reference_'))))"
+    )
+    done = subprocess.run([python(), "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
