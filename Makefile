@@ -42,9 +42,7 @@ lint: $(DEV_READY)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check grader dplab tests conftest.py
 
-# OpenMP threads that wait passively: on a machine whose cores are busy elsewhere (CI), the
-# default spinning slows PyTorch down several times over.
-PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest
+PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 $(BIN)/python -m pytest
 
 test: $(DEV_READY) lint
 	$(PYTEST) --durations=15

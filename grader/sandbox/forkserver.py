@@ -332,7 +332,8 @@ class ForkServer:
 
 # PyTorch's OpenMP threads spin while they wait for each other. On a machine whose cores are
 # busy with other work, that spinning made one grade take 74 s instead of 9 s (2 cores, one
-# of them kept busy); passive waiting costs under a second on an idle machine.
+# of them kept busy). Children use one thread (grader.grading.default_threads); this keeps
+# code that asks for more from spinning.
 WAIT_POLICY = "PASSIVE"
 
 _shared: ForkServer | None = None
