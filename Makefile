@@ -42,7 +42,10 @@ lint: $(DEV_READY)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check grader dplab tests conftest.py
 
-PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 $(BIN)/python -m pytest
+# One PyTorch thread per process in the tests (the grading children use one anyway): with two,
+# another program keeping one core busy made the notebook kernels crawl while the threads
+# spun waiting for each other, past the tests' time limits; one thread just gets a core.
+PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
 test: $(DEV_READY) lint
 	$(PYTEST) --durations=15
