@@ -296,10 +296,10 @@ def fork_server() -> forkserver.ForkServer | None:
 
 
 def start_child(
-    request: dict, scratch: Path, threads: int, limits: Limits, report_fd: int, reply_fd: int
+    request: Path, scratch: Path, threads: int, limits: Limits, report_fd: int, reply_fd: int
 ) -> Child:
-    """Start a fenced child on the request file `request["path"]`, from the fork server
-    where there is one, else as a new Python."""
+    """Start a fenced child on the request file `request`, from the fork server where there
+    is one, else as a new Python."""
     fence = choose_fence()
     uid = next_child_uid() if fence.own_uid else None
     if uid is not None:  # the scratch folder becomes this child's alone
@@ -310,7 +310,7 @@ def start_child(
         server = fork_server()
         if server is not None:
             order = {
-                "request": str(request["path"]),
+                "request": str(request),
                 "scratch": str(scratch),
                 "env": env,
                 "uid": uid,
@@ -330,7 +330,7 @@ def start_child(
                 "faulthandler",
                 "-m",
                 "grader.sandbox.child",
-                str(request["path"]),
+                str(request),
             ],
             cwd=scratch,
             env=env,
@@ -383,7 +383,7 @@ def run_child(
         request_path,
     )
     try:
-        proc = start_child({"path": request_path}, scratch, threads, limits, write_fd, reply_read)
+        proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read)
     finally:
         os.close(write_fd)
         os.close(reply_read)
