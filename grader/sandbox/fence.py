@@ -204,13 +204,18 @@ def enter(fence: "Fence", uid: int | None, private: list[Path]) -> None:
 MAX_FILE = 256 * 2**20  # no file the child writes may grow beyond this
 
 
-def limit_process(pid: int, memory_gib: float) -> None:
-    """Set a started child's limits: data memory, file size, no core dumps."""
+def child_limits(memory_gib: float) -> dict[int, int]:
+    """Return a child's resource limits: data memory (if any), file size, no core dumps."""
+    limits = {resource.RLIMIT_FSIZE: MAX_FILE, resource.RLIMIT_CORE: 0}
     if memory_gib > 0:
-        size = int(memory_gib * 2**30)
-        resource.prlimit(pid, resource.RLIMIT_DATA, (size, size))
-    resource.prlimit(pid, resource.RLIMIT_FSIZE, (MAX_FILE, MAX_FILE))
-    resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+        limits[resource.RLIMIT_DATA] = int(memory_gib * 2**30)
+    return limits
+
+
+def limit_process(pid: int, memory_gib: float) -> None:
+    """Set a started child's limits (see `child_limits`)."""
+    for kind, value in child_limits(memory_gib).items():
+        resource.prlimit(pid, kind, (value, value))
 
 
 # ---- inside the child ----------------------------------------------------------------------

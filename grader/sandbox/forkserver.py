@@ -44,10 +44,10 @@ from pathlib import Path
 
 from grader.sandbox.fence import (
     CHILD_UIDS,
-    MAX_FILE,
     Fence,
     FenceError,
     can_read,
+    child_limits,
     enter,
     needed_paths,
 )
@@ -103,16 +103,14 @@ def become_child(request: dict, fds: list[int]) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         _close_other_descriptors({report_fd, reply_fd})
-        for name in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGCHLD"):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        # The signal handlers a freshly started Python has (the server ignores Ctrl-C).
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         faulthandler.enable(file=sys.stderr)
-        memory = int(float(request["memory_gib"]) * 2**30)
-        if memory > 0:
-            resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE, MAX_FILE))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for kind, value in child_limits(float(request["memory_gib"])).items():
+            resource.setrlimit(kind, (value, value))
         enter(Fence(**request["fence"]), request["uid"], [Path(p) for p in request["private"]])
         scratch = request["scratch"]
         os.chdir(scratch)
