@@ -3,6 +3,7 @@
 #   make test   set up everything, then run every test (and print the slowest)
 # and, for people who write exercises or maintain the lab:
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
+#   make bench-grade, bench-notebooks, bench-distributed   timings, printed (never tested)
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
 #   make lock        re-resolve requirements/*.txt from pyproject.toml (needs the network)
 #   make images      build the lab and grader images and probe them (tests/test_images.py)
@@ -16,7 +17,8 @@ PORT ?= 8888
 ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks lock images clean
+.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed \
+	lock images clean
 
 setup: $(DEV_READY)
 
@@ -65,6 +67,10 @@ bench-grade: $(DEV_READY)
 
 bench-notebooks: $(DEV_READY)
 	$(BIN)/python -m grader.bench_notebooks
+
+# All-reduce bus bandwidth of the ring, per-parameter, bucketed and torch's own, 4 KiB to 64 MiB.
+bench-distributed: $(DEV_READY)
+	$(BIN)/python -m grader.bench_distributed
 
 # One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
 # students run (the lab image, `make lab`); dev.txt adds nbgrader and the project's own tools.

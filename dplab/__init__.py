@@ -2,12 +2,14 @@
 
 It has the helpers that the book's `d2l` package gives these two sections, in both editions
 (2.0's `try_gpu` and 1.0's `gpu`, either form of `Residual`), written plainly so you can read
-them. Notebooks import it under the book's name: `import dplab as d2l`, and the grader reads
+them, and `launch`, which runs a function in every process of a group (the distributed
+notebook). Notebooks import it under the book's name: `import dplab as d2l`, and the grader reads
 `from d2l import torch as d2l` the same way.
 """
 
 from dplab.data import (
     Batches,
+    fashion_mnist_datasets,
     get_fashion_mnist_labels,
     load_data_fashion_mnist,
     load_data_fashion_mnist_book,
@@ -23,6 +25,14 @@ from dplab.devices import (
     try_all_gpus,
     try_gpu,
 )
+from dplab.distributed import (
+    Launched,
+    LaunchError,
+    bus_bandwidth,
+    launch,
+    local_device,
+    time_allreduce,
+)
 from dplab.models import Residual, lenet, lenet_params
 from dplab.plot import Animator
 from dplab.training import Accumulator, Timer, accuracy, evaluate_accuracy_gpu, sgd
@@ -31,23 +41,30 @@ __all__ = [
     "Accumulator",
     "Animator",
     "Batches",
+    "LaunchError",
+    "Launched",
     "Residual",
     "Timer",
     "accuracy",
+    "bus_bandwidth",
     "cpu",
     "device_count",
     "evaluate_accuracy_gpu",
+    "fashion_mnist_datasets",
     "get_fashion_mnist_labels",
     "gpu",
     "lab_devices",
+    "launch",
     "lenet",
     "lenet_params",
     "load_data_fashion_mnist",
     "load_data_fashion_mnist_book",
+    "local_device",
     "num_gpus",
     "scatter",
     "sgd",
     "synchronize",
+    "time_allreduce",
     "try_all_gpus",
     "try_gpu",
 ]

@@ -266,6 +266,33 @@ def load_data_fashion_mnist(
     return train_iter, test_iter
 
 
+def fashion_mnist_datasets(
+    resize: int | tuple[int, int] | None = None,
+    *,
+    path: str | Path | None = None,
+    source: str | None = None,
+    subset: tuple[int, int] | None = None,
+) -> tuple["torch.utils.data.TensorDataset", "torch.utils.data.TensorDataset"]:
+    """Return (train_set, test_set): Fashion-MNIST as datasets of (image, label) pairs, images
+    float32 in [0, 1] of shape (1, 28, 28) (or resized), for a `DataLoader` with a sampler
+    such as `DistributedSampler`. `subset=(n_train, n_test)` keeps only the first examples."""
+    from torch.utils.data import TensorDataset
+
+    data = fashion_mnist(path, source)
+    n_train, n_test = subset or (len(data.train_labels), len(data.test_labels))
+    sets = []
+    for images, labels in (
+        (data.train_images[:n_train], data.train_labels[:n_train]),
+        (data.test_images[:n_test], data.test_labels[:n_test]),
+    ):
+        X = images.unsqueeze(1).float().div_(255)
+        if resize is not None:
+            size = (resize, resize) if isinstance(resize, int) else resize
+            X = F.interpolate(X, size=size, mode="bilinear", align_corners=False)
+        sets.append(TensorDataset(X, labels.clone()))
+    return sets[0], sets[1]
+
+
 def torchvision_root(data: FashionMNIST) -> Path:
     """Return a root under which torchvision finds `data` as decompressed `FashionMNIST/raw` files.
 

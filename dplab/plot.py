@@ -12,10 +12,14 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+# Set in a process forked from the kernel (dplab.distributed): it must not draw in the
+# notebook, whose connection belongs to the kernel; its plots are saved as files instead.
+HEADLESS = False
+
 
 def _in_notebook() -> bool:
-    """Return True when running inside a Jupyter kernel."""
-    if "ipykernel" not in sys.modules:
+    """Return True when running inside a Jupyter kernel (and drawing there)."""
+    if HEADLESS or "ipykernel" not in sys.modules:
         return False
     from IPython import get_ipython
 

@@ -7,8 +7,14 @@ How to add a check
    saw. It runs in the grading child, next to the student's code. Call the function the
    exercise asks for as `student.fn`; swap another of the student's names for the case's
    length with `with student.replaced(lenet=recorder): ...`, and a library's name with
-   `unittest.mock.patch.object`. Draw random inputs from `ctx.generator()` (seeded per
-   case), and use `ctx.devices`.
+   `unittest.mock.patch.object`. Use `ctx.devices`.
+   Inputs come one way: as the case's parameters (see `using` below), and whatever is
+   random, from a function of the case's seed, `ctx.seed`, such as `float_lists(ctx.seed)`
+   (`grader.fixtures.seeded(ctx.seed)` is a generator started from it). The check calls the
+   same function to know what went in.
+   A case whose code must run in every process of a group (the distributed exercises)
+   hands a function to `grader.ranks.in_every_size`, and records the group's calls with
+   `grader.ranks.recording_calls`.
 2. Write a *check*: a function of (seen, ctx) that returns when the property holds and
    raises `Fail` (through `expect`, `expect_equal`, `expect_close`) when it does not. It
    runs in the grader's own process. Give it points and a hint that names the mistake.
@@ -167,10 +173,6 @@ class Context:
     seed: int
     devices: list[torch.device] = field(default_factory=list)
     reference: dict | None = None  # the reference notebook's names (hidden checks only)
-
-    def generator(self) -> torch.Generator:
-        """Return a CPU random generator seeded for this case."""
-        return torch.Generator().manual_seed(self.seed)
 
     def for_case(self, name: str) -> "Context":
         """Return a copy whose seed depends on the case's name, so cases are independent."""

@@ -18,6 +18,11 @@ from dplab.data import embedded_sample
 lenet_loss = nn.CrossEntropyLoss(reduction="none")
 
 
+def seeded(seed: int) -> torch.Generator:
+    """Return a CPU random generator started from `seed` (a case's `ctx.seed`)."""
+    return torch.Generator().manual_seed(seed)
+
+
 def cycle(devices: list[torch.device], k: int) -> list[torch.device]:
     """Return `k` devices taken round-robin from `devices`."""
     return [devices[i % len(devices)] for i in range(k)]

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,13 @@ import torch
 from dplab import sim
 from dplab.devices import grading_devices, remove_cuda_shims
 from grader.api import Context, Student
-from grader.grading import DEVICES
+from grader.grading import DEVICES, grade_path
 from grader.judge.registry import diagnoser, exercise_checks
 from grader.judge.verdicts import judge_exercise
-from grader.load.notebook import load_notebook
+from grader.load.notebook import load_notebook, read_cells
 from grader.load.reference import reference
 from grader.manifest import REPO, Exercise, load_manifest
+from grader.ranks import autograd_threads_started, starts_processes
 from grader.report.results import ExerciseResult
 from grader.sandbox.runner import run_checks
 
@@ -33,6 +35,8 @@ SLOW_FIXTURES = {
     "checkout",
     "concise",
     "course",
+    "distributed",
+    "distributed_class",
     "exported",
     "graded",
     "lab",
@@ -95,6 +99,23 @@ def grade_in_process(ex: Exercise, namespace: dict, seed: int = 0) -> ExerciseRe
     ctx = Context(seed, grading_devices(DEVICES), known)
     outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
+
+
+def grade_source(ex: Exercise, source: str, seed: int = 0) -> ExerciseResult:
+    """Grade an exercise of the reference notebook with `source` run after its cells (a
+    catalogued mistake, say). In this process, as `grade_in_process`, unless the exercise's
+    checks start process groups and this process can no longer fork ranks that run backward
+    (autograd's threads, started by earlier tests on stand-ins): then the grader grades the
+    notebook in a fenced child of its fork server, as it grades a class."""
+    if starts_processes(ex) and autograd_threads_started():
+        with tempfile.TemporaryDirectory(prefix="variant-") as tmp:
+            folder = Path(tmp) / "variant" / load_manifest().assignment
+            write_notebook(folder / ex.notebook, *read_cells(SOLUTIONS / ex.notebook), source)
+            (result,) = grade_path(folder, [ex.id], seed=seed).exercises
+            return result
+    namespace = fresh_solution(ex.notebook)
+    exec(compile(source, f"<variant of {ex.id}>", "exec"), namespace)
+    return grade_in_process(ex, namespace, seed)
 
 
 def python() -> str:

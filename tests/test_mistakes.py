@@ -6,7 +6,7 @@ import pytest
 
 from grader.manifest import load_manifest
 from grader.mistakes import mistakes_of, variant
-from tests.conftest import fresh_solution, grade_in_process
+from tests.conftest import fresh_solution, grade_in_process, grade_source
 
 CATALOGUE = [
     pytest.param(ex, name, mistake, id=f"{ex.id}::{name}", marks=getattr(pytest.mark, ex.id))
@@ -37,9 +37,7 @@ def test_the_seed_mistakes_are_catalogued():
 
 @pytest.mark.parametrize(("exercise", "name", "mistake"), CATALOGUE)
 def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
-    namespace = fresh_solution(exercise.notebook)
-    exec(compile(mistake.source, f"<mistake {name}>", "exec"), namespace)
-    result = grade_in_process(exercise, namespace)
+    result = grade_source(exercise, mistake.source)
     verdicts = {c.name: c for c in result.checks}
     assert mistake.fails in verdicts, f"{mistake.fails} is not a check of {exercise.id}"
     verdict = verdicts[mistake.fails]
@@ -51,22 +49,26 @@ def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
     assert result.score < result.max_score
 
 
+def template_of(module) -> str | None:
+    """Return a catalogue's template: the book's code (BOOK), or a right version (TEMPLATE)."""
+    return getattr(module, "BOOK", None) or getattr(module, "TEMPLATE", None)
+
+
 TEMPLATED = [
     pytest.param(ex, id=ex.id, marks=getattr(pytest.mark, ex.id))
     for ex in load_manifest().exercises
-    if hasattr(importlib.import_module(ex.mistakes), "BOOK")
+    if template_of(importlib.import_module(ex.mistakes))
 ]
 
 
 @pytest.mark.parametrize("exercise", TEMPLATED)
 def test_the_template_with_its_right_parts_gets_full_marks(exercise):
-    """Each templated mistake is the book's code with one part changed, and nothing else wrong."""
+    """Each templated mistake is a right program with one part changed, and nothing else
+    wrong."""
     module = importlib.import_module(exercise.mistakes)
-    source = variant(module.BOOK, module.RIGHT)
-    assert "<<" not in source, f"{exercise.mistakes}: a part of BOOK has no right code"
-    namespace = fresh_solution(exercise.notebook)
-    exec(compile(source, f"<{exercise.id} template>", "exec"), namespace)
-    result = grade_in_process(exercise, namespace)
+    source = variant(template_of(module), module.RIGHT)
+    assert "<<" not in source, f"{exercise.mistakes}: a part of the template has no right code"
+    result = grade_source(exercise, source)
     failed = [c.name for c in result.checks if not c.passed]
     assert result.score == result.max_score, f"the right template failed {failed}"
 

@@ -1,8 +1,9 @@
-"""Both notebooks run end to end in a real Jupyter kernel, on the CPU and the embedded sample.
+"""The notebooks run end to end in a real Jupyter kernel, on the CPU and the embedded sample.
 
-Each reference notebook runs once, on four stand-in devices (or the real GPUs where there
-are two or more): the book's demos, which use two devices, the check cells and the training
-on every device are all judged from that one run. nbgrader's tests run them on the default
+Each reference notebook runs once, the first two on four stand-in devices (or the real GPUs
+where there are two or more): the book's demos, which use two devices, the check cells and
+the training on every device are all judged from that one run. The distributed notebook
+starts its process groups from the kernel, on gloo (or NCCL with a GPU per process). nbgrader's tests run them on the default
 two. How long they take is for `make bench-notebooks`, which prints it; no test asserts it.
 """
 
@@ -88,6 +89,12 @@ def concise(tmp_path_factory):
     return execute(SOLUTIONS / "concise.ipynb", folder, stand_ins=STAND_INS)
 
 
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("distributed")
+    return execute(SOLUTIONS / "distributed.ipynb", folder)
+
+
 @pytest.mark.slow
 def test_from_scratch_runs_and_shows_the_books_demos(scratch):
     nb = scratch
@@ -117,7 +124,7 @@ def test_from_scratch_plots_the_training_curve(scratch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["scratch", "concise"])
+@pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
 def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
     nb = request.getfixturevalue(which)
     for exercise_id, cell in check_cells(nb).items():
@@ -155,3 +162,26 @@ def test_the_solutions_train_on_every_stand_in_device(which, request):
     outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
     devices = ", ".join(f"device(type='sim', index={i})" for i in range(STAND_INS))
     assert f"sec/epoch on [{devices}]" in outputs
+
+
+@pytest.mark.slow
+def test_distributed_runs_its_demos_in_process_groups(distributed):
+    outputs = "\n".join(text_of(c) for c in distributed.cells if c.cell_type == "code")
+    for rank in (0, 1):  # the book's [1, 1] + [2, 2] demo, as two processes
+        assert f"[rank {rank}] rank {rank} of 2 holds tensor([[3., 3.]])" in outputs
+    for rank in (0, 1, 2):  # the ring, three processes, seven elements each
+        assert f"[rank {rank}] tensor([30., 33., 36., 39., 42., 45., 48.])" in outputs
+    assert "average_gradients: " in outputs and "average_gradients_bucketed: " in outputs
+
+
+@pytest.mark.slow
+def test_distributed_trains_with_ddp_and_plots_what_it_measured(distributed):
+    code = [c for c in distributed.cells if c.cell_type == "code"]
+    outputs = "\n".join(text_of(c) for c in code)
+    procs, backend = (torch.cuda.device_count(), "nccl, cuda") if ON_GPUS else (2, "gloo, cpu")
+    assert "[rank 0] test acc: " in outputs
+    assert f"sec/epoch on {procs} processes ({backend})" in outputs
+    assert "[rank 1] test acc: " not in outputs
+    plots = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
+    # the bandwidth of the ring, the training curve, and the learning rates
+    assert len(plots) == 3

@@ -5,7 +5,7 @@ from torch import nn
 
 import dplab
 from grader.api import Fail, case, check, error_hints, expect, expect_close, expect_equal, short
-from grader.fixtures import lenet_loss, random_batch
+from grader.fixtures import lenet_loss, random_batch, seeded
 from grader.sandbox.transport import SeenTensor
 
 SAME_TENSOR_HINT = (
@@ -62,7 +62,7 @@ onto_the_same_device = copy_in_place_then_change.using(
 def backward_through_the_copies(student, ctx):
     """Run LeNet on a batch with the copies and call backward on the summed loss."""
     copies = student.fn(dplab.lenet_params(seed=ctx.seed), ctx.devices[0])
-    X, y = random_batch(ctx.generator(), 4)
+    X, y = random_batch(seeded(ctx.seed), 4)
     lenet_loss(dplab.lenet(X.to(ctx.devices[0]), copies), y.to(ctx.devices[0])).sum().backward()
     return copies
 
@@ -170,7 +170,7 @@ def originals_are_left_untouched(seen, ctx):
 def gradients_reach_the_copies(seen, ctx):
     """After backward through LeNet, every copy holds the gradient of the loss."""
     params = [p.requires_grad_() for p in dplab.lenet_params(seed=ctx.seed)]
-    X, y = random_batch(ctx.generator(), 4)
+    X, y = random_batch(seeded(ctx.seed), 4)
     lenet_loss(dplab.lenet(X, params), y).sum().backward()
     for i, (c, p) in enumerate(zip(copies_of(seen), params, strict=True)):
         expect(c.grad is not None, f"copy {i} has no grad after backward")

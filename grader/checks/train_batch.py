@@ -15,7 +15,7 @@ import torch
 
 import dplab
 from grader.api import Fail, case, check, close, error_hints, expect, expect_close
-from grader.fixtures import cycle, lenet_loss, random_batch, which_replica
+from grader.fixtures import cycle, lenet_loss, random_batch, seeded, which_replica
 from grader.sandbox.transport import SeenTensor
 
 LR = 0.1
@@ -45,7 +45,7 @@ def random_steps(student, ctx, n: int, k: int, steps: int = 1) -> dict:
         forwards.append([str(X.device), int(X.shape[0]), which_replica(replicas, params)])
         return model(X, params)
 
-    gen = ctx.generator()
+    gen = seeded(ctx.seed)
     with student.replaced(lenet=lenet):
         for _ in range(steps):
             X, y = random_batch(gen, n)

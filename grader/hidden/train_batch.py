@@ -4,7 +4,7 @@ import torch
 
 from grader.api import check, expect_close
 from grader.checks.train_batch import LR, NAMES, random_steps, replicas_of, start
-from grader.fixtures import random_batch
+from grader.fixtures import random_batch, seeded
 
 four_replicas = random_steps.using(
     "four_replicas", "One step on 10 random examples over four devices (3, 3, 3 and 1).", n=10, k=4
@@ -21,7 +21,7 @@ def matches_the_reference_on_four_devices(seen, ctx):
     replicas = replicas_of(seen["replicas"], 4)
     devices = [torch.device("cpu")] * 4
     wanted = [[t.requires_grad_() for t in start(ctx.seed)] for _ in devices]
-    X, y = random_batch(ctx.generator(), 10)
+    X, y = random_batch(seeded(ctx.seed), 10)
     ctx.reference["train_batch"](X, y, wanted, devices, LR)
     for r, (got, want) in enumerate(zip(replicas, wanted, strict=True)):
         for i, (a, b) in enumerate(zip(got, want, strict=True)):

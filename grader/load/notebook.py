@@ -4,7 +4,9 @@ Loading runs the notebook's code cells top to bottom, one top-level statement at
 - a statement that fails (a broken demo, a missing GPU) is noted and loading goes on, so
   one mistake never costs the student the other exercises;
 - a statement that calls a training function (`train(num_gpus=2, ...)`) is skipped: the
-  checks call those functions themselves, on tiny data; so is a check cell (`check(...)`);
+  checks call those functions themselves, on tiny data; so is a check cell (`check(...)`),
+  and so is any statement that launches processes (`d2l.launch(...)`, however deep in a
+  helper function: the launch raises LaunchSkipped and the statement ends there);
 - IPython magics (`%matplotlib inline`, `!pip ...`) are dropped;
 - `from d2l import torch as d2l` gives the lab's `dplab`, so book-style code loads
   without the `d2l` package and every submission sees the same helpers.
@@ -22,9 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dplab
+from dplab.distributed import LaunchSkipped, launches_skipped
 from grader.sandbox.runner import TimeLimit, time_limit
 
-NEVER_CALLED = frozenset({"check"})  # the notebook's own check cells: grading runs the checks
+# Never run while loading: the notebook's own check cells (grading runs the checks) and its
+# launches of process groups (`d2l.launch(...)`: demos and training runs, for people).
+NEVER_CALLED = frozenset({"check", "launch"})
 
 
 class NotebookError(Exception):
@@ -94,14 +99,23 @@ def strip_magics(source: str) -> tuple[str, str | None]:
 
 
 def calls_any(node: ast.AST, names: frozenset[str]) -> str | None:
-    """Return the name of a function in `names` that `node` calls at top level, if any.
+    """Return the name of a function in `names` that `node` calls at top level, if any:
+    `train(...)`, `d2l.launch(...)`, or a call that hands one over to run, such as
+    `d2l.launch(train_ddp, ...)` or `mp.spawn(train_ddp, ...)`.
 
     Calls inside function or class bodies and lambdas do not count: defining is not running.
     """
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
         return None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
-        return node.func.id
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in names:
+            return func.id
+        if isinstance(func, ast.Attribute) and func.attr in names & NEVER_CALLED:
+            return func.attr  # d2l.launch(...), but not net.train()
+        for argument in [*node.args, *(k.value for k in node.keywords)]:
+            if isinstance(argument, ast.Name) and argument.id in names:
+                return argument.id
     for child in ast.iter_child_nodes(node):
         if found := calls_any(child, names):
             return found
@@ -153,6 +167,23 @@ def load_cells(
     named "code cell", the student's, and no others.
     """
     install_d2l_alias()
+    with launches_skipped():
+        return _load_cells(
+            cells, path, skip_calls, module_name, statement_seconds, skip_statements,
+            before_statement, label,
+        )  # fmt: skip
+
+
+def _load_cells(
+    cells: list[str],
+    path: Path,
+    skip_calls: frozenset[str],
+    module_name: str,
+    statement_seconds: float | None,
+    skip_statements: frozenset[tuple[int, int]],
+    before_statement: Callable[[int, int], None] | None,
+    label: str,
+) -> Loaded:
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
     sys.modules[module_name] = module
@@ -205,6 +236,8 @@ def _run_statement(
             time_limit(seconds),
         ):
             exec(code, loaded.namespace)
+    except LaunchSkipped:
+        pass  # a demo or training run in processes of its own: not for grading
     except TimeLimit:
         loaded.notes.append(
             f"{where}: stopped after {seconds:g} s (the time limit); loading went on"

@@ -65,12 +65,18 @@ TORCH_FUNCTIONS = ("device", "save")
 
 
 def watched_objects() -> dict[str, object]:
-    """Return what the cases rely on: the grader's modules, unittest.mock, tensors, modules
-    and builtins."""
+    """Return what the cases rely on: the grader's modules, unittest.mock, tensors, modules,
+    torch.distributed and builtins."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
     watched: dict[str, object] = {
         "builtins": builtins,
         "torch.Tensor": torch.Tensor,
         "torch.nn.Module": torch.nn.Module,
+        "torch.distributed": dist,  # the distributed checks record its calls and trust it
+        "torch.distributed.distributed_c10d": distributed_c10d,
+        "dplab.distributed": sys.modules["dplab.distributed"],  # starts the ranks
     }
     for name, module in list(sys.modules.items()):
         ours = name == "grader" or name.startswith("grader.")

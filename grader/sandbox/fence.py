@@ -1,13 +1,21 @@
 """The fence around the grading child: what it may not do, and who enforces it.
 
 Two layers:
-- the operating system, where it allows: the child gets its own network namespace (no
-  network at all) and mount namespace (the hidden checks, the reference solutions, the
-  mistake catalogue and the repository's history are covered by empty folders), runs
-  under a user id of its own when the grader runs as root (so it can touch neither the
-  grader's files nor another child's), and keeps no capabilities;
+- the operating system, where it allows: the child gets its own network namespace (nothing
+  in it but its own loopback interface, which reaches no other machine and no other child)
+  and mount namespace (the hidden checks, the reference solutions, the mistake catalogue and
+  the repository's history are covered by empty folders), runs under a user id of its own
+  when the grader runs as root (so it can touch neither the grader's files nor another
+  child's), and keeps no capabilities;
 - Python's audit hooks, always, inside the child: no sockets, no new processes, no reading
   of the private folders, no writing outside the child's own scratch folder.
+
+One exception, for the distributed exercises: the lab's launcher (`dplab.distributed`, and
+no other code) may fork the ranks of a process group. The ranks stay behind the same fence
+(they inherit its namespaces, user id, limits and audit hook), talk to each other over the
+child's own loopback (gloo's sockets), and end with their case: the launcher stops them when
+they finish, fail, wait on each other or pass their processor-time limit, and the grader
+stops the child's whole process group when it stops the child.
 
 The audit layer alone can be got round with ctypes; it is the fallback where the system
 allows no namespaces (`describe()` says which layers are on).
@@ -69,9 +77,35 @@ class Fence:
         return ["unshare", *user, "--net", "--mount", "sh", "-c", script, "fence"]
 
 
+# Brings up the loopback interface of a new network namespace, which starts down (gloo's
+# ranks talk over it). Standalone, so that the started child's fence script runs it in a
+# Python that imports nothing else; `loopback_up` runs it in a forked child.
+LOOPBACK_UP = """
+import fcntl, socket, struct
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    name = struct.pack("16sh", b"lo", 0)
+    flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, name))[1]
+    if not flags & 1:
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))
+"""
+
+
+def loopback_up() -> bool:
+    """Bring up this network namespace's loopback; return False where that is not allowed."""
+    try:
+        exec(LOOPBACK_UP, {})
+        return True
+    except OSError:
+        return False
+
+
 def _mask_script(uid: int | None) -> str:
     """Return the shell lines run inside the new namespaces before Python starts."""
-    lines = ["set -e", "mount --make-rprivate /"]
+    lines = [
+        "set -e",
+        "mount --make-rprivate /",
+        f'"$1" -I -S -c {shlex.quote(LOOPBACK_UP)} 2>/dev/null || true',
+    ]
     lines += [
         f"mount -t tmpfs -o size=16k,mode=000 tmpfs {shlex.quote(str(p))}" for p in private_paths()
     ]
@@ -190,6 +224,7 @@ def enter(fence: "Fence", uid: int | None, private: list[Path]) -> None:
         Path("/proc/self/uid_map").write_text(f"0 {outer_uid} 1")
         Path("/proc/self/gid_map").write_text(f"0 {outer_gid} 1")
     _call(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    loopback_up()
     for path in private:
         target = os.fsencode(path)
         _call(libc.mount(b"tmpfs", target, b"tmpfs", 0, b"size=16k,mode=000"), f"mask {path}")
@@ -259,9 +294,20 @@ class Fenced(PermissionError):
     """Something the grading child does not allow."""
 
 
+def launcher_code() -> object:
+    """Return the code of the one function allowed to start processes in the child: the lab's
+    launcher forking a rank (taken before any student code runs, so a replacement of the
+    function, or of its code, is not it)."""
+    from dplab import distributed
+
+    return distributed._fork_rank.__code__
+
+
 def install_audit_hook(scratch: Path, private: list[Path]) -> None:
-    """Refuse network use, new processes, reading private folders and writing elsewhere."""
+    """Refuse network use, new processes, reading private folders and writing elsewhere (but
+    let the lab's launcher fork the ranks of a process group: see the module docstring)."""
     allowed = [scratch.resolve(), Path("/dev")]
+    fork_rank = launcher_code()
 
     def under(path, roots) -> bool:
         try:
@@ -274,6 +320,8 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
         if event in _NETWORK:
             raise Fenced("network use is not allowed while grading")
         if event in _PROCESSES:
+            if event == "os.fork" and sys._getframe(1).f_code is fork_rank:
+                return
             raise Fenced("starting processes is not allowed while grading")
         if event == "open" and args and isinstance(args[0], str | bytes | os.PathLike):
             path, mode, flags = (list(args) + [None, 0])[:3]

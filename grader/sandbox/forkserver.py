@@ -1,6 +1,6 @@
 """A warm parent for grading children: Python, torch and the public grader imported once.
 
-Starting Python and importing torch takes seconds; a grade needs one child per submission
+Starting Python and importing torch takes seconds; a grade needs one child per notebook of a
 (and another after each crash). The fork server pays that once: it imports torch, dplab,
 matplotlib, the child's code and every public checks module, then forks a child per request.
 Each child is as fresh as a started one where it matters:

@@ -205,14 +205,55 @@ def log_tail(log: Path, lines: int = LOG_LINES) -> str:
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def processor_seconds_of(pid: int) -> float | None:
-    """Return the processor time process `pid` has used, all threads, or None if unknown."""
+def _stat_fields(pid: int | str) -> list[str] | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def processor_seconds_of(pid: int) -> float | None:
+    """Return the processor time process `pid` has used, all threads, or None if unknown."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime and stime
+
+
+class GroupTime:
+    """The processor time of a child and of the processes it started (the ranks of a process
+    group, which share its process group): what a case's limits count. Who belongs is read
+    from /proc once a second; their times at every reading."""
+
+    def __init__(self, leader: int) -> None:
+        self.leader = leader
+        self.members: dict[int, float] = {}  # pid -> its processor time, as last read
+        self.looked = 0.0
+        self.ended = 0.0  # the time of members that have gone, as last read
+
+    def _look(self) -> None:
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != self.leader and int(name) not in self.members:
+                fields = _stat_fields(name)
+                if fields is not None and fields[2] == str(self.leader):  # pgrp
+                    self.members[int(name)] = 0.0
+        self.looked = time.monotonic()
+
+    def seconds(self) -> float | None:
+        """Return the group's processor time so far, or None once the child is gone."""
+        own = processor_seconds_of(self.leader)
+        if own is None:
+            return None
+        if time.monotonic() - self.looked > 1.0:
+            self._look()
+        for pid in list(self.members):
+            seconds = processor_seconds_of(pid)
+            if seconds is None:  # it has ended: keep the time it had when last read
+                self.ended += self.members.pop(pid)
+            else:
+                self.members[pid] = seconds
+        return own + self.ended + sum(self.members.values())
 
 
 def held_reply(exercise: str, asked: list[str], plan) -> list[str] | None:
@@ -390,6 +431,7 @@ def run_child(
     with _children_lock:
         _children.add(proc)
     reader = FrameReader(nonce)
+    group_time = GroupTime(proc.pid)
     now = time.monotonic()
     watch = Watch(exercise_started=now, computed_at=now, started=asked)
     # The child stops a case at the limit itself; this is for a case that ignores the stop.
@@ -407,7 +449,7 @@ def run_child(
                 break
             if ready and not data:  # end of file: the child has closed its end
                 break
-            cpu = processor_seconds_of(proc.pid)
+            cpu = group_time.seconds()
             if cpu is not None:
                 if cpu > watch.cpu + 0.01:
                     watch.computed_at = now
@@ -525,13 +567,17 @@ def run_isolated(
         scratch.chmod(0o700)
         (scratch / "tmp").mkdir()
         while todo:
+            # One child per notebook: each notebook's exercises start from a process that
+            # has run no other notebook's code (whose autograd threads, for one, would stop
+            # the distributed exercises from forking their ranks).
+            batch = [ex for ex in todo if ex.notebook == todo[0].notebook]
             plans = {
                 ex.id: [
                     (c.name, c, c.arguments(base.for_case(c.name)))
                     for c in unique_cases(checks[ex.id])
                     if c.name not in collected.outcomes.get(ex.id, {})
                 ]
-                for ex in todo
+                for ex in batch
             }
             before = sum(map(len, collected.outcomes.values())) + len(collected.changed)
             stop = run_child(sub, plans, seed, limits, threads, scratch, collected)
@@ -543,7 +589,7 @@ def run_isolated(
                         "while running it"
                     )
                 case OnNotebook(notebook):
-                    for ex in todo:
+                    for ex in batch:
                         if ex.notebook == notebook:
                             collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
                 case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
@@ -551,11 +597,11 @@ def run_isolated(
                 case OnExercise(exercise):
                     collected.stopped[exercise] = stop.reason
                 case None if stop.reason:
-                    first = next(ex.id for ex in todo if ex.id not in collected.changed)
+                    first = next(ex.id for ex in batch if ex.id not in collected.changed)
                     collected.stopped[first] = stop.reason
             progress = sum(map(len, collected.outcomes.values())) + len(collected.changed)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
-                stuck = next(ex for ex in todo if ex.id not in collected.changed)
+                stuck = next(ex for ex in batch if ex.id not in collected.changed)
                 collected.stopped[stuck.id] = "the grading process ended without a report"
             todo = [
                 ex

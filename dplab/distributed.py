@@ -1,0 +1,615 @@
+"""Start a process group on this machine and run a function in every process of it.
+
+`launch(fn, args, nprocs=N)` forks N processes, each of which joins one process group
+(`torch.distributed`) and calls `fn(*args)`. It is what `torchrun --nproc-per-node N` does for
+a script, made for functions defined in a notebook:
+
+- the backend is NCCL with one GPU per process where there are N GPUs, else gloo on the CPU;
+- the processes meet through a `FileStore` in a fresh temporary folder, so no port is chosen
+  and two launches never collide; each process also finds `RANK`, `LOCAL_RANK`, `WORLD_SIZE`
+  and `LOCAL_WORLD_SIZE` in its environment, as under torchrun;
+- each process computes with one CPU thread, as torchrun's processes do by default;
+- what each process prints is shown as it comes, behind `[rank r]`; rank 0's plots are
+  shown in the notebook once the run ends;
+- a process that raises, dies, computes nothing for `idle_timeout` seconds (a deadlock) or
+  runs past `timeout` stops the whole group, and the error names the rank and says where each
+  rank was.
+
+It returns a `Launched`: rank 0's return value as `.result`, every rank's in `.results`,
+and what each rank printed in `.outputs`.
+"""
+
+import contextlib
+import faulthandler
+import importlib
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAX_PROCESSES = 16
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass
+class Launched:
+    """What a launch gave back: every rank's return value and output, and rank 0's plots."""
+
+    results: list[Any]
+    outputs: list[str]
+    backend: str
+    seconds: float
+    figures: list[bytes] = field(default_factory=list)  # rank 0's plots, as PNG
+
+    @property
+    def result(self) -> Any:
+        """Rank 0's return value."""
+        return self.results[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"Launched({len(self.results)} processes on {self.backend}, {self.seconds:.1f} s; "
+            f"rank 0 returned {self.result!r})"
+        )
+
+
+AUTOGRAD_FORK_HINT = (
+    "(This process ran a backward pass before it forked the ranks, with a GPU or the lab's "
+    "stand-in devices present: that starts autograd's threads, which a forked process cannot "
+    "use. Restart the kernel and run backward passes only inside the launched functions.)"
+)
+
+
+class LaunchError(RuntimeError):
+    """A launch that did not end well; `rank` names the process that stopped it (None when
+    several did), and `outputs` holds what every rank printed."""
+
+    def __init__(
+        self, message: str, rank: int | None, outputs: list[str], finished: list[int] = ()
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.outputs = outputs
+        self.finished = list(finished)  # ranks whose function had returned
+
+
+class LaunchSkipped(BaseException):
+    """Raised by `launch` inside `launches_skipped()`: the caller does not run its processes."""
+
+
+_skipping = [False]
+
+
+@contextlib.contextmanager
+def launches_skipped() -> Iterator[None]:
+    """Make every `launch` in the block raise LaunchSkipped instead of starting processes:
+    loading a notebook to grade it runs its definitions, not its demos and training runs,
+    however deep in a helper function the launch is."""
+    before = _skipping[0]
+    _skipping[0] = True
+    try:
+        yield
+    finally:
+        _skipping[0] = before
+
+
+class RankFailed(LaunchError):
+    """A rank raised an exception, or its process died."""
+
+
+class RanksHung(LaunchError):
+    """Ranks waited for each other with no end in sight: computed nothing for too long."""
+
+
+class RanksTimedOut(LaunchError):
+    """The ranks ran past the time or processor-time limit while still computing."""
+
+
+def choose_backend(nprocs: int, backend: str | None = None) -> str:
+    """Return "nccl" when `nprocs` GPUs are there for the asking (one per rank), else "gloo"."""
+    if backend in ("gloo", "nccl"):
+        return backend
+    if backend not in (None, "auto"):
+        raise ValueError(f'backend must be "gloo", "nccl" or "auto", not {backend!r}')
+    usable = torch.cuda.is_available() and torch.distributed.is_nccl_available()
+    return "nccl" if usable and torch.cuda.device_count() >= nprocs else "gloo"
+
+
+def local_device() -> torch.device:
+    """Return this rank's device: GPU `LOCAL_RANK` where the group runs on NCCL, else the CPU
+    (gloo). Call it in a process of a group (under launch or torchrun)."""
+    if torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def time_allreduce(
+    allreduce: Callable[[torch.Tensor], Any], sizes: list[int], repeats: int = 5
+) -> list[float]:
+    """In every rank of a group: return, for each size in bytes, the seconds one call of
+    `allreduce(tensor)` takes on a float32 tensor of that size (the median of `repeats`
+    calls, each the slowest rank's time). Every rank gets the same list."""
+    device = local_device()
+    seconds = []
+    for size in sizes:
+        tensor = torch.zeros(max(1, size // 4), device=device)  # zeros: sums never overflow
+        allreduce(tensor)  # a first call sets up connections and buffers
+        times = []
+        for _ in range(repeats):
+            torch.distributed.barrier()
+            start = time.perf_counter()
+            allreduce(tensor)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            took = torch.tensor([time.perf_counter() - start], device=device)
+            torch.distributed.all_reduce(took, op=torch.distributed.ReduceOp.MAX)
+            times.append(float(took))
+        seconds.append(sorted(times)[len(times) // 2])
+    return seconds
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
+    """Return an all-reduce's bus bandwidth in GB/s, as nccl-tests reports it: the data size
+    over the time, times 2 (N - 1) / N, the share of the data each rank sends in a ring."""
+    return nbytes / seconds / 1e9 * 2 * (world_size - 1) / world_size
+
+
+# ---- inside a rank -------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Return `value` with every tensor on the CPU, so the parent never touches a GPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _quiet_notebook_parts() -> None:
+    """Keep a forked rank away from the notebook's connection: plots go to files."""
+    from dplab import plot
+
+    plot.HEADLESS = True
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].switch_backend("Agg")
+
+
+def _run_rank(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    rank: int,
+    world: int,
+    backend: str,
+    folder: Path,
+    init_timeout: float,
+) -> None:
+    """Body of a forked rank: join the group, call fn, leave the result; never returns."""
+    code = 0
+    try:
+        log = os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        stacks = open(folder / f"rank{rank}.stack", "w")  # noqa: SIM115  (open until exit)
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
+        figures = folder / f"rank{rank}-figures"
+        figures.mkdir()
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            OMP_NUM_THREADS="1",
+            DPLAB_FIGURE_DIR=str(figures),
+        )
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
+        torch.set_num_threads(1)
+        _quiet_notebook_parts()
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        store = torch.distributed.FileStore(str(folder / "store"), world)
+        torch.distributed.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=init_timeout),
+        )
+        result = fn(*args, **kwargs)
+        with open(folder / f"rank{rank}.result", "wb") as f:
+            pickle.dump(_plain(result), f)
+        # No rank leaves before all have finished: one that left early would close its
+        # connections under the others (still connecting, or sending to it). A rank that
+        # skipped a call the others make waits here, and the parent says so.
+        store.set(f"finished/{rank}", "1")
+        store.wait([f"finished/{r}" for r in range(world)])
+    except BaseException as error:  # the parent reports it, naming this rank
+        code = 1
+        trace = traceback.format_exc()
+        try:
+            with open(folder / f"rank{rank}.error", "wb") as f:
+                pickle.dump((type(error).__name__, str(error), trace), f)
+        except Exception:
+            print(trace, file=sys.__stderr__)
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # the group ends with the process (tearing it down costs 30 ms)
+
+
+def _fork_rank(*arguments: Any) -> int:
+    """Fork one rank (see `_run_rank`); return its process id. The grading fence lets this
+    function, and no other, start processes (grader.sandbox.fence)."""
+    pid = os.fork()
+    if pid == 0:
+        _run_rank(*arguments)
+    return pid
+
+
+# ---- the parent ----------------------------------------------------------------------------
+
+
+def processor_seconds(pid: int) -> float:
+    """Return the processor time process `pid` has used so far (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def describe_status(status: int) -> str:
+    """Say in words how a rank's process ended, from its wait status."""
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        return {
+            "SIGSEGV": "crashed with a segmentation fault",
+            "SIGKILL": "was killed (SIGKILL), perhaps for using too much memory",
+            "SIGABRT": "aborted",
+        }.get(name, f"was killed by {name}")
+    return f"exited with code {os.waitstatus_to_exitcode(status)} without a result"
+
+
+# Files whose frames are the machinery's, not the code being run: a stack shown to the user
+# leaves them out (a library that wraps torch.distributed adds its own file here).
+LIBRARY_PARTS = [f"{os.sep}torch{os.sep}", f"dplab{os.sep}distributed.py"]
+
+
+def _where_from(dump: str, keep: int = 3) -> str:
+    """Say where a faulthandler stack dump shows a rank: the torch.distributed call it waits
+    in, then its own innermost frames (the library's own frames left out)."""
+    frames = [line.strip() for line in dump.splitlines() if line.strip().startswith("File ")]
+    inside = [i for i, f in enumerate(frames) if f.endswith(" in _run_rank")]
+    frames = frames[: inside[0]] if inside else frames  # what lies under fn is the launcher's
+    if not frames:
+        return ""
+    waiting = ""
+    if "distributed" in frames[0] and " in " in frames[0]:
+        waiting = f"waiting in torch.distributed's {frames[0].rsplit(' in ', 1)[1]}, called from "
+    own = [f for f in frames if not any(part in f for part in LIBRARY_PARTS)][:keep]
+    return waiting + ("; from ".join(own) if own else frames[0])
+
+
+class _Group:
+    """The parent's view of the ranks of one launch."""
+
+    def __init__(self, folder: Path, pids: list[int], show: bool) -> None:
+        self.folder, self.pids, self.show = folder, pids, show
+        self.status: dict[int, int] = {}  # rank -> wait status, once it has ended
+        self.ended: list[int] = []  # ranks in the order they ended
+        self.ended_at: dict[int, float] = {}  # when the parent found each one ended
+        self.read = [0] * len(pids)  # bytes of each rank's log shown so far
+        self.partial = [""] * len(pids)
+
+    def reap(self) -> None:
+        for rank, pid in enumerate(self.pids):
+            if rank not in self.status:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.status[rank] = status
+                    self.ended.append(rank)
+                    self.ended_at[rank] = time.time()
+
+    @property
+    def running(self) -> list[int]:
+        return [r for r in range(len(self.pids)) if r not in self.status]
+
+    def failed(self) -> list[int]:
+        """Return the ranks that ended badly, the cause first: a rank whose peer went away
+        (its connection closed) failed because of another, which comes before it; otherwise
+        the first to fail (when it wrote its error, or was found dead) comes first."""
+        bad = [r for r in self.ended if self.status[r] != 0]
+
+        def order(r: int) -> tuple[bool, float]:
+            path = self.folder / f"rank{r}.error"
+            try:
+                text = path.read_bytes()
+                return (any(p in text for p in PEER_GONE), path.stat().st_mtime)
+            except OSError:
+                return (False, self.ended_at[r])
+
+        return sorted(bad, key=order)
+
+    def finished(self) -> list[int]:
+        return sorted(r for r in self.ended if self.status[r] == 0)
+
+    def cpu(self) -> float:
+        return sum(processor_seconds(self.pids[r]) for r in self.running)
+
+    def output(self, rank: int) -> str:
+        try:
+            return (self.folder / f"rank{rank}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stream(self) -> None:
+        """Print what the ranks wrote since last time, a line at a time, behind [rank r]."""
+        if not self.show:
+            return
+        for rank in range(len(self.pids)):
+            text = self.output(rank)
+            new, self.read[rank] = text[self.read[rank] :], len(text)
+            lines = (self.partial[rank] + new).split("\n")
+            self.partial[rank] = lines.pop()
+            for line in lines:
+                print(f"[rank {rank}] {line}", flush=True)
+
+    def flush(self) -> None:
+        self.stream()
+        for rank, rest in enumerate(self.partial):
+            if rest and self.show:
+                print(f"[rank {rank}] {rest}", flush=True)
+            self.partial[rank] = ""
+
+    def where(self) -> dict[int, str]:
+        """Ask every running rank for its stack (faulthandler); say where each one is."""
+        for r in self.running:
+            with contextlib.suppress(OSError):
+                os.kill(self.pids[r], signal.SIGUSR1)
+        time.sleep(0.3)
+        found = {}
+        for r in self.running:
+            try:
+                found[r] = _where_from((self.folder / f"rank{r}.stack").read_text())
+            except OSError:
+                found[r] = ""
+        return found
+
+    def kill(self) -> None:
+        for r in self.running:
+            with contextlib.suppress(OSError):
+                os.kill(self.pids[r], signal.SIGKILL)
+        for r in self.running:
+            _, self.status[r] = os.waitpid(self.pids[r], 0)
+
+    def returned(self, rank: int) -> bool:
+        """Return True when rank's function has returned (it waits for the others then)."""
+        return (self.folder / f"rank{rank}.result").exists()
+
+    def error_of(self, rank: int) -> str:
+        path = self.folder / f"rank{rank}.error"
+        if path.exists():
+            with open(path, "rb") as f:
+                kind, message, trace = pickle.load(f)
+            return f"rank {rank} raised {kind}: {message}\n{trace.rstrip()}"
+        said = "\n".join(self.output(rank).strip().splitlines()[-6:])
+        return f"rank {rank}'s process {describe_status(self.status[rank])}" + (
+            f"; the last lines it wrote:\n{said}" if said else ""
+        )
+
+
+# What gloo says when the process at the other end of a connection has gone.
+PEER_GONE = (b"Connection closed by peer", b"Connection reset by peer", b"Read error")
+IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting, not computing
+
+
+def _parent_waits(
+    group: _Group, nprocs: int, timeout: float, idle_timeout: float, cpu_limit: float | None
+) -> None:
+    """Watch the ranks until all have ended well; raise a LaunchError naming who did not."""
+    started = time.monotonic()
+    readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
+    grace_until = None  # after a rank fails, the others get a moment to fail by themselves
+    while True:
+        group.reap()
+        group.stream()
+        now = time.monotonic()
+        if not group.running:
+            break
+        if group.failed() and grace_until is None:
+            grace_until = now + 2.0
+        if grace_until is not None and now > grace_until:
+            break
+        cpu = group.cpu()
+        readings.append((now, cpu))
+        # Waiting ranks are not quite still (a library may wake up now and then): they are
+        # stuck when, over the last idle_timeout seconds, they computed next to nothing.
+        while len(readings) > 2 and readings[1][0] <= now - idle_timeout:
+            readings.pop(0)
+        window_start, cpu_then = readings[0]
+        stuck = (
+            idle_timeout
+            and now - window_start >= idle_timeout
+            and cpu - cpu_then < IDLE_SHARE * (now - window_start)
+        )
+        if cpu_limit and cpu > cpu_limit:
+            group.kill()
+            group.flush()
+            raise RanksTimedOut(
+                f"the {nprocs} processes used more than {cpu_limit:g} s of processor time "
+                "between them and were stopped",
+                None,
+                [group.output(r) for r in range(nprocs)],
+            )
+        if stuck and grace_until is None:
+            stacks = group.where()
+            group.kill()
+            group.flush()
+            done = [r for r in range(nprocs) if group.returned(r)]
+            waiting = [r for r in range(nprocs) if r not in done]
+            lines = [
+                f"rank {r} computed nothing for {idle_timeout:g} s and had not finished"
+                + (f": {stacks[r]}" if stacks.get(r) else "")
+                for r in waiting
+            ]
+            if done:
+                lines.append(
+                    f"rank(s) {', '.join(map(str, done))} had returned, and waited for the "
+                    "others to return too"
+                )
+            why = (
+                "a rank skipped a call that the others made, so they wait for it"
+                if done
+                else "the ranks are waiting for each other (a deadlock): for example every "
+                "rank doing a blocking send first"
+            )
+            raise RanksHung(
+                why + ".\n  " + "\n  ".join(lines),
+                waiting[0] if len(waiting) == 1 else None,
+                [group.output(r) for r in range(nprocs)],
+                done,
+            )
+        if timeout and now - started > timeout:
+            group.kill()
+            group.flush()
+            raise RanksTimedOut(
+                f"the {nprocs} processes ran past the limit of {timeout:g} s and were stopped",
+                None,
+                [group.output(r) for r in range(nprocs)],
+            )
+        time.sleep(0.02)
+    if group.running:
+        group.kill()
+    group.flush()
+    failed = group.failed()
+    if failed:
+        first, others = failed[0], sorted(failed[1:] + group.running)
+        message = group.error_of(first)
+        if "autograd's threading in combination with fork" in message:
+            message += "\n" + AUTOGRAD_FORK_HINT
+        if others:
+            message += f"\n(then rank(s) {', '.join(map(str, others))} stopped as well)"
+        if group.finished():
+            message += (
+                f"\n(rank(s) {', '.join(map(str, group.finished()))} had finished: a rank that "
+                "skips a collective or a send leaves the others waiting for it)"
+            )
+        raise RankFailed(message, first, [group.output(r) for r in range(nprocs)])
+
+
+def _show_figures(figures: list[bytes]) -> None:
+    from dplab.plot import _in_notebook
+
+    if figures and _in_notebook():
+        from IPython.display import Image, display
+
+        for png in figures:
+            display(Image(data=png, format="png"))
+
+
+@contextlib.contextmanager
+def _launch_folder() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="dplab-launch-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch(
+    fn: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    nprocs: int = 2,
+    backend: str | None = None,
+    timeout: float = 3600.0,
+    idle_timeout: float = 60.0,
+    cpu_limit: float | None = None,
+    show: bool = True,
+) -> Launched:
+    """Run `fn(*args, **kwargs)` in every process of a new group of `nprocs` on this machine.
+
+    `backend` is "gloo", "nccl" or None (NCCL when there is a GPU per process); `timeout`
+    bounds the run in seconds, `idle_timeout` the time all ranks may compute nothing (a
+    deadlock), and `cpu_limit` their processor time together. `show` prints each rank's
+    output as it comes and shows rank 0's plots. See the module docstring.
+    """
+    if _skipping[0]:
+        raise LaunchSkipped(getattr(fn, "__name__", "the function"))
+    if not callable(fn):
+        raise TypeError(f"launch needs a function to run in every process, not {fn!r}")
+    if not isinstance(nprocs, int) or not 1 <= nprocs <= MAX_PROCESSES:
+        raise ValueError(f"nprocs must be a whole number from 1 to {MAX_PROCESSES}, not {nprocs!r}")
+    if not isinstance(args, tuple | list):
+        raise TypeError(f"args must be a tuple of fn's arguments, not {type(args).__name__}")
+    chosen = choose_backend(nprocs, backend)
+    if chosen == "nccl" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "this process has already used CUDA, and forked processes cannot use it after "
+            "that: restart the kernel and launch before any CUDA code runs here, or pass "
+            'backend="gloo"'
+        )
+    if torch.distributed.is_initialized():
+        raise RuntimeError("launch starts its own process group: call it outside of one")
+    started = time.monotonic()
+    # Every torch.optim optimizer imports torch._dynamo (over a second): import it here, once,
+    # so that the ranks, forked afresh at each launch, find it already loaded.
+    importlib.import_module("torch._dynamo")
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with _launch_folder() as folder:
+        pids: list[int] = []
+        with warnings.catch_warnings():  # a notebook's kernel has threads; ranks ignore them
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                for rank in range(nprocs):
+                    pids.append(
+                        _fork_rank(
+                            fn, tuple(args), dict(kwargs or {}), rank, nprocs, chosen, folder,
+                            max(2 * idle_timeout, 30.0) if idle_timeout else timeout,
+                        )
+                    )  # fmt: skip
+            except BaseException:
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                raise
+        group = _Group(folder, pids, show)
+        try:
+            _parent_waits(group, nprocs, timeout, idle_timeout, cpu_limit)
+        except BaseException:  # Ctrl-C in the notebook stops every rank too
+            group.kill()
+            raise
+        results = []
+        for rank in range(nprocs):
+            with open(folder / f"rank{rank}.result", "rb") as f:
+                results.append(pickle.load(f))
+        figures = [p.read_bytes() for p in sorted((folder / "rank0-figures").glob("*.png"))]
+        outputs = [group.output(r) for r in range(nprocs)]
+    if show:
+        _show_figures(figures)
+    return Launched(results, outputs, chosen, time.monotonic() - started, figures)

@@ -1,0 +1,241 @@
+"""Public checks of `average_gradients(model)`: after backward() on every rank, each
+parameter's gradient becomes its mean over the ranks, one all_reduce per parameter.
+
+Each case runs in groups of 2, 3 and 4 processes (grader.ranks). Every rank builds the same
+small network, runs its own shard of one global batch forward and backward, and calls the
+student's function. The checks compare every rank's gradients with those of the same network
+run by the grader in a single process on the whole batch, as DistributedDataParallel
+promises, and look at the all_reduce calls on the way.
+"""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grader.api import Fail, case, check, error_hints, expect, expect_close
+from grader.ranks import apart, groups_finished, in_every_size, in_rank, recording_calls
+from grader.sandbox.transport import SeenTensor
+
+BATCH = 24  # the global batch: 2, 3 and 4 ranks get equal shards of it
+MEAN_HINT = (
+    "For each parameter with a gradient: dist.all_reduce(param.grad) sums it over the ranks, "
+    "in place; then divide it by dist.get_world_size()."
+)
+SUMMED_HINT = (
+    "The gradients are the sum over the ranks, not the mean: divide each by "
+    "dist.get_world_size() after the all_reduce."
+)
+WEIGHTS_HINT = (
+    "The all_reduce went to the weights (param or param.data), not to their gradients: "
+    "average param.grad, and leave the weights to the optimizer."
+)
+UNCHANGED_HINT = "The gradients came back as each rank's own: all_reduce each param.grad in place."
+
+
+def grad_model(seed: int, frozen: bool = False) -> nn.Sequential:
+    """Return the checks' small network, the same for a seed in every process; with `frozen`,
+    its first layer does not train (requires_grad False, so no gradient)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = nn.Sequential(
+            nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10)
+        )
+    if frozen:
+        net[0].requires_grad_(False)
+    return net
+
+
+def global_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the global batch of inputs and labels for a seed."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(BATCH, 20, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)
+
+
+def whole_batch_gradients(seed: int, frozen: bool = False) -> list[torch.Tensor | None]:
+    """Return the gradients of the network run in one process on the whole batch: what the
+    mean over the ranks must equal (computed apart: see grader.ranks.apart)."""
+    return apart(_whole_batch_gradients, seed, frozen)
+
+
+def _whole_batch_gradients(seed: int, frozen: bool) -> list[torch.Tensor | None]:
+    net = grad_model(seed, frozen)
+    X, y = global_batch(seed)
+    nn.functional.cross_entropy(net(X), y).backward()
+    return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+
+
+def what_is(tensor: torch.Tensor, model: nn.Module) -> str:
+    """Name what a tensor passed to all_reduce is: "grad i", "param i" or "other"."""
+    for i, p in enumerate(model.parameters()):
+        if p.grad is not None and tensor.data_ptr() == p.grad.data_ptr():
+            return f"grad {i}"
+        if tensor.data_ptr() == p.data_ptr():
+            return f"param {i}"
+    return "other"
+
+
+def gradients_body(student, seed: int, frozen: bool = False, **arguments):
+    """Return the function each rank runs: its shard forward and backward, then the student's
+    function on the model, recording its calls and what each all_reduce was given."""
+
+    def body():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        net = grad_model(seed, frozen)
+        X, y = global_batch(seed)
+        X, y = X.tensor_split(world)[rank], y.tensor_split(world)[rank]
+        nn.functional.cross_entropy(net(X), y).backward()
+        local = [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+        before = [p.detach().clone() for p in net.parameters()]
+        with recording_calls(student.namespace, keep_inputs=("all_reduce",)) as calls:
+            outcome = in_rank(lambda: student.fn(net, **arguments))
+        for call in calls:
+            if call["name"] == "all_reduce" and "input" in call:
+                call["of"] = what_of(call.pop("input"), before, local)
+        return {
+            "grads": [
+                None if p.grad is None else p.grad.detach().clone() for p in net.parameters()
+            ],
+            "local": local,
+            "calls": calls,
+            **outcome,
+            "returned": None,
+        }
+
+    return body
+
+
+def what_of(values: torch.Tensor, params: list, grads: list) -> list[str]:
+    """Name the parameters or gradients whose values a flat all_reduce input holds, in order:
+    "grad i" or "param i" (by value, as a bucket is a copy)."""
+    flat = values.flatten()
+    names, offset = [], 0
+    while offset < flat.numel():
+        for kind, tensors in (("grad", grads), ("param", params)):
+            found = next(
+                (
+                    i
+                    for i, t in enumerate(tensors)
+                    if t is not None
+                    and offset + t.numel() <= flat.numel()
+                    and torch.equal(flat[offset : offset + t.numel()], t.flatten().to(flat.dtype))
+                ),
+                None,
+            )
+            if found is not None:
+                names.append(f"{kind} {found}")
+                offset += tensors[found].numel()
+                break
+        else:
+            names.append("other")
+            break
+    return names
+
+
+@case
+def gradients_of_a_shard(student, ctx, frozen: bool = False, arguments: dict | None = None):
+    """A small network on each rank, its shard of a batch of 24 through it and back, then
+    the student's function (in groups of 2, 3 and 4)."""
+    return in_every_size(lambda n: gradients_body(student, ctx.seed, frozen, **(arguments or {})))
+
+
+with_a_frozen_layer = gradients_of_a_shard.using(
+    "with_a_frozen_layer",
+    "The same, with the network's first layer frozen (its parameters have no gradient).",
+    frozen=True,
+)
+
+
+# ---- judging ------------------------------------------------------------------------------
+
+
+def plain(value):
+    return value.value if isinstance(value, SeenTensor) else value
+
+
+def hint_for(grads: list, local: list, expected: list, calls: list[dict], n: int) -> str | None:
+    """Name the mistake behind gradients that are not the mean, where it is a known one."""
+    pairs = [(plain(g), plain(e)) for g, e in zip(grads, expected, strict=False) if e is not None]
+    tensors = all(isinstance(g, torch.Tensor) and g.shape == e.shape for g, e in pairs)
+    if tensors and all(torch.allclose(g, e * n, rtol=1e-4, atol=1e-6) for g, e in pairs):
+        return SUMMED_HINT
+    if any(name.startswith("param") for c in calls for name in c.get("of", [])):
+        return WEIGHTS_HINT
+    mine = [(plain(g), plain(m)) for g, m in zip(grads, local, strict=False) if m is not None]
+    if mine and all(isinstance(g, torch.Tensor) and torch.equal(g, m) for g, m in mine):
+        return UNCHANGED_HINT
+    return None
+
+
+def expect_mean_gradients(seen: list[dict], ctx, frozen: bool = False) -> None:
+    """Fail unless every rank's gradients equal those of one process on the whole batch."""
+    expected = whole_batch_gradients(ctx.seed, frozen)
+    for n, ranks in groups_finished(seen):
+        for rank, result in enumerate(ranks):
+            grads, calls = result["grads"], result["calls"]
+            hint = hint_for(grads, result["local"], expected, calls, n)
+            for i, (g, e) in enumerate(zip(grads, expected, strict=True)):
+                label = f"with {n} processes, rank {rank}'s gradient of parameter {i}"
+                if e is None:
+                    continue
+                if g is None:
+                    raise Fail(f"{label} is None: it was removed", hint)
+                expect_close(g, e, label, hint, rtol=1e-4, atol=1e-6)
+
+
+@check(gradients_of_a_shard, points=4, hint=MEAN_HINT)
+def gradients_are_the_mean_over_ranks(seen, ctx):
+    """Every rank ends with the gradients of one process that ran the whole batch."""
+    expect_mean_gradients(seen, ctx)
+
+
+@check(
+    with_a_frozen_layer,
+    points=2,
+    hint="A frozen parameter (requires_grad False) has no gradient: param.grad is None. "
+    "Skip it (if param.grad is not None), as DDP does, and average the others.",
+)
+def skips_frozen_parameters(seen, ctx):
+    """With the first layer frozen, its gradients stay None and the others are averaged."""
+    expect_mean_gradients(seen, ctx, frozen=True)
+    for n, ranks in groups_finished(seen):
+        for rank, result in enumerate(ranks):
+            for i in (0, 1):
+                expect(
+                    result["grads"][i] is None,
+                    f"with {n} processes, rank {rank}: the frozen parameter {i} has a gradient "
+                    "now; it must stay None",
+                )
+
+
+@check(
+    gradients_of_a_shard,
+    points=1,
+    hint="Call dist.all_reduce once per parameter, on param.grad itself: this is the naive "
+    "version that the bucketed exercise improves on.",
+    after="gradients_are_the_mean_over_ranks",
+)
+def one_all_reduce_per_parameter(seen, ctx):
+    """One dist.all_reduce per parameter, each on that parameter's gradient."""
+    for n, ranks in groups_finished(seen):
+        for rank, result in enumerate(ranks):
+            reduced = [c for c in result["calls"] if c["name"] == "all_reduce"]
+            wanted = [f"grad {i}" for i in range(len(result["grads"]))]
+            got = [name for c in reduced for name in c.get("of", ["other"])]
+            expect(
+                sorted(got) == sorted(wanted) and len(reduced) == len(wanted),
+                f"with {n} processes, rank {rank} called all_reduce {len(reduced)} times, on "
+                f"{got}; expected once on each of {len(wanted)} gradients",
+            )
+
+
+@error_hints
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "AVG" in raised.message and "loo" in raised.message:
+        return "Gloo has no ReduceOp.AVG: all_reduce with the default SUM, then divide."
+    if "NoneType" in raised.message or "Expected parameter `tensor`" in raised.message:
+        return (
+            "A frozen parameter (requires_grad False) has no gradient: param.grad is None. "
+            "Skip it (if param.grad is not None) and average the others."
+        )
+    return None

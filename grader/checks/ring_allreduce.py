@@ -1,0 +1,319 @@
+"""Public checks of `ring_allreduce(tensor)`: a sum over every rank, in place, passed around
+a ring with point-to-point sends and receives.
+
+Each case runs in groups of 2, 3 and 4 processes (grader.ranks). Every rank hands the
+student's function its own tensor; the checks compare what each rank ends with against
+`torch.distributed.all_reduce` of the same tensors, computed by the grader's code in the same
+processes just before, and look at the calls the function made on the way.
+"""
+
+import torch
+import torch.distributed as dist
+
+from grader.api import Fail, case, check, error_hints, expect, expect_close, expect_equal
+from grader.ranks import (
+    COLLECTIVES,
+    all_reduce,
+    groups_finished,
+    in_every_size,
+    in_rank,
+    recording_calls,
+)
+from grader.sandbox.transport import SeenTensor
+
+# Collectives that move data: a ring that calls one did not do the summing itself.
+SUMMING = tuple(c for c in COLLECTIVES if c not in ("barrier",))
+RING_HINT = (
+    "Split the flattened tensor into world_size chunks (tensor_split). Reduce-scatter: in "
+    "step s, send chunk (rank - s) to rank + 1, receive chunk (rank - s - 1) from rank - 1 and "
+    "add it in. All-gather: pass the finished chunks around the ring the same way, copying "
+    "instead of adding."
+)
+IN_PLACE_HINT = (
+    "The tensor passed in came back unchanged: the sum went into a copy. Work on "
+    "tensor.view(-1), a view that shares the tensor's memory (or copy the result back with "
+    "tensor.copy_(...))."
+)
+STOPPED_HINT = (
+    "Only the reduce-scatter ran: after it, each rank holds the full sum of one chunk only. "
+    "Add the all-gather: N - 1 more steps that pass the finished chunks around the ring."
+)
+
+
+def tensors_for(seed: int, rank: int, kind: str, world: int) -> list[torch.Tensor]:
+    """Return the tensors rank `rank` passes in, one per call: the same for a seed, a rank and
+    a kind on every machine."""
+    gen = torch.Generator().manual_seed(seed * 1009 + rank)
+    if kind == "book":
+        return [torch.ones((1, 2)) * (rank + 1)]
+    if kind == "random":  # lengths that every world size from 2 to 4 divides
+        return [torch.randn(shape, generator=gen) for shape in [(24,), (4, 6), (2, 3, 12), (360,)]]
+    if kind == "uneven":  # lengths that leave a remainder, and fewer elements than ranks
+        return [torch.randn(n, generator=gen) for n in (7, 13, 1, 2, 3)]
+    if kind.startswith("given:"):  # "given:<dtype>:<d1>x<d2>...", for the hidden checks
+        _, dtype_name, dims = kind.split(":")
+        shape = tuple(int(d) for d in dims.split("x"))
+        dtype = getattr(torch, dtype_name)
+        if dtype.is_floating_point:
+            return [torch.randn(shape, generator=gen, dtype=dtype)]
+        return [torch.randint(-999, 999, shape, generator=gen, dtype=dtype)]
+    if kind == "dtypes":
+        return [
+            torch.randint(-(2**40), 2**40, (5, 5), generator=gen),
+            torch.randint(-1000, 1000, (6,), generator=gen, dtype=torch.int32),
+            torch.randn(3, 4, generator=gen, dtype=torch.float64),
+        ]
+    raise ValueError(kind)
+
+
+def ring_body(student, seed: int, kind: str):
+    """Return the function each rank runs: for each of its tensors, the trusted all_reduce of
+    a copy, then the student's ring on the tensor itself, recording the calls it makes. The
+    first call that raises ends the rank's list (the others could not keep in step)."""
+
+    def body():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        records: list[dict] = []
+        for t in tensors_for(seed, rank, kind, world):
+            expected = t.clone()
+            all_reduce(expected)
+            given = t.clone()
+            with recording_calls(student.namespace) as calls:
+                outcome = in_rank(lambda given=given: student.fn(given))
+            if outcome["raised"] is not None:
+                return {"records": records, "raised": outcome["raised"], "at": outcome["at"]}
+            records.append({"given": given, "expected": expected, "calls": calls})
+        return {"records": records, "raised": None}
+
+    return body
+
+
+def run_ring(student, ctx, kind: str, sizes=(2, 3, 4)) -> list[dict]:
+    return in_every_size(lambda n: ring_body(student, ctx.seed, kind), sizes)
+
+
+@case
+def book_demo(student, ctx):
+    """The book's demo over two processes: rank 0 holds [[1, 1]], rank 1 [[2, 2]]."""
+    return run_ring(student, ctx, "book", sizes=(2,))
+
+
+@case
+def random_tensors(student, ctx):
+    """Four random float32 tensors per rank (1-D to 3-D), with lengths that 2, 3 and 4 divide."""
+    return run_ring(student, ctx, "random")
+
+
+@case
+def lengths_that_do_not_divide(student, ctx):
+    """Tensors of 7, 13, 1, 2 and 3 elements: remainders, and fewer elements than ranks."""
+    return run_ring(student, ctx, "uneven")
+
+
+@case
+def given_kinds(student, ctx, kinds: list[str]):
+    """Tensors the grader describes ("given:<dtype>:<shape>"), one call each (after a group
+    that deadlocked or ran out of time, the other kinds are not tried)."""
+    results = []
+    for kind in kinds:
+        results.append(run_ring(student, ctx, kind))
+        if results[-1][-1].get("kind") in ("hung", "limit"):
+            break
+    return results
+
+
+@case
+def integers_and_float64(student, ctx):
+    """int64 values up to 2**40, int32 and float64 tensors."""
+    return run_ring(student, ctx, "dtypes")
+
+
+# ---- judging ------------------------------------------------------------------------------
+
+
+def ring_records(seen: list[dict]):
+    """Yield (world size, rank, call number, record) for every call of every group, failing
+    as grader.ranks does for groups that did not finish or ranks whose call raised."""
+    for n, ranks in groups_finished(seen):
+        for rank, finished in enumerate(ranks):
+            for i, record in enumerate(finished["records"]):
+                expected = record["expected"]
+                if isinstance(expected, SeenTensor):  # computed by the grader's code
+                    record = {**record, "expected": expected.value}
+                yield n, rank, i, record
+
+
+def summed_by_a_collective(record: dict) -> str | None:
+    names = [c["name"] for c in record["calls"] if c["name"] in SUMMING]
+    return names[0] if names else None
+
+
+def stopped_after_reduce_scatter(given: torch.Tensor, expected: torch.Tensor, n: int) -> bool:
+    """Return True when one chunk holds the sum and every element of the others does not: the
+    reduce-scatter ran, the all-gather did not."""
+    right = torch.isclose(given.flatten().double(), expected.flatten().double(), 1e-5, 1e-5)
+    chunks = right.tensor_split(n)
+    whole = [bool(c.all()) for c in chunks if c.numel()]
+    return sum(whole) == 1 and all(not c.any() for c in chunks if c.numel() and not c.all())
+
+
+def left_alone(given: torch.Tensor, original: torch.Tensor) -> bool:
+    """Return True when the tensor passed in still holds its own values."""
+    return given.shape == original.shape and torch.equal(given, original)
+
+
+def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
+    """Fail unless every rank's tensor holds what all_reduce gave, summed by the ring."""
+    for n, rank, i, record in ring_records(seen):
+        label = f"with {n} processes, rank {rank}'s tensor {i + 1} ({what})"
+        collective = summed_by_a_collective(record)
+        if collective:
+            raise Fail(
+                f"{label} was summed by torch.distributed.{collective}, not by a ring of sends "
+                "and receives",
+                "The exercise is the ring itself: use only dist.send/recv/isend/irecv.",
+            )
+        given, expected = record["given"], record["expected"]
+        value = given.value if isinstance(given, SeenTensor) else given
+        hint = None
+        if isinstance(value, torch.Tensor) and value.shape == expected.shape:
+            if left_alone(value, tensors_for(ctx.seed, rank, kind, n)[i]):
+                hint = IN_PLACE_HINT
+            elif expected.is_floating_point() and stopped_after_reduce_scatter(value, expected, n):
+                hint = STOPPED_HINT
+        if expected.is_floating_point():
+            expect_close(given, expected, label, hint, rtol=1e-5, atol=1e-5)
+        else:
+            expect_equal(given, expected, label, hint)
+
+
+@check(
+    book_demo,
+    points=2,
+    hint="Each rank must end with the sum of both tensors: [[3., 3.]]. " + RING_HINT,
+)
+def book_demo_gives_threes_on_both_ranks(seen, ctx):
+    """[[1., 1.]] on rank 0 and [[2., 2.]] on rank 1 both become [[3., 3.]]."""
+    expect_sums(seen, ctx, "book", "the book's demo")
+
+
+@check(random_tensors, points=3, hint=RING_HINT)
+def every_rank_holds_the_sum(seen, ctx):
+    """In groups of 2, 3 and 4, every rank's tensor equals dist.all_reduce of the same tensors."""
+    expect_sums(seen, ctx, "random", "random float32")
+
+
+@check(
+    lengths_that_do_not_divide,
+    points=2,
+    hint="The chunks must cover the whole tensor when world_size does not divide its length, "
+    "and some chunks are empty when it has fewer elements than ranks: "
+    "flat.tensor_split(world_size) gives such chunks; skip sending and receiving empty ones "
+    "on both sides.",
+)
+def sums_tensors_of_any_length(seen, ctx):
+    """Lengths of 7, 13, 1, 2 and 3 elements sum right in groups of 2, 3 and 4."""
+    expect_sums(seen, ctx, "uneven", "a length that the world size does not divide")
+
+
+@check(
+    integers_and_float64,
+    points=1,
+    hint="Keep the tensor's dtype: add received chunks into it with += (receive into a buffer "
+    "of the same dtype); never go through float32.",
+)
+def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
+    """int64 (up to 2**40) and int32 tensors sum exactly, float64 ones closely, dtypes kept."""
+    expect_sums(seen, ctx, "dtypes", "int64, int32 and float64")
+
+
+@check(
+    random_tensors,
+    points=1,
+    hint="Work on tensor.view(-1) (a view, not a copy) so that receiving into a chunk writes "
+    "into the caller's tensor; if you had to copy, copy the result back with tensor.copy_().",
+    after="every_rank_holds_the_sum",
+)
+def sums_in_place(seen, ctx):
+    """The tensor passed in holds the sum afterwards, with its shape: the caller sees it."""
+    for n, rank, i, record in ring_records(seen):
+        given = record["given"]
+        shape = tuple(record["expected"].shape)
+        expect(
+            isinstance(given, SeenTensor) and given.shape == shape,
+            f"with {n} processes, rank {rank}'s tensor {i + 1} no longer has shape {shape}",
+        )
+
+
+@check(
+    random_tensors,
+    points=2,
+    hint="Use only point-to-point calls (dist.send, dist.recv, dist.isend, dist.irecv); "
+    "no dist.all_reduce, reduce_scatter, all_gather, broadcast or barrier.",
+)
+def uses_only_point_to_point_calls(seen, ctx):
+    """No collective is called at all: the ring is built from sends and receives."""
+    for n, rank, _i, record in ring_records(seen):
+        names = sorted({c["name"] for c in record["calls"] if c["name"] in COLLECTIVES})
+        expect(
+            not names,
+            f"with {n} processes, rank {rank} called {', '.join('dist.' + x for x in names)}",
+        )
+        expect(
+            any(c["name"] in ("send", "isend") for c in record["calls"]),
+            f"with {n} processes, rank {rank} sent nothing to another rank",
+        )
+
+
+@check(
+    random_tensors,
+    points=1,
+    hint="In a ring, rank r sends only to (r + 1) % world_size and receives only from "
+    "(r - 1) % world_size (or the other way round, the same for every rank).",
+    after="uses_only_point_to_point_calls",
+)
+def talks_only_to_its_ring_neighbours(seen, ctx):
+    """Each rank sends to one neighbour and receives from the other, as in a ring."""
+    for n, rank, _i, record in ring_records(seen):
+        sent = {c["peer"] for c in record["calls"] if c["name"] in ("send", "isend")}
+        got = {c["peer"] for c in record["calls"] if c["name"] in ("recv", "irecv")}
+        right, left = (rank + 1) % n, (rank - 1) % n
+        ring = (sent <= {right} and got <= {left}) or (sent <= {left} and got <= {right})
+        expect(
+            ring,
+            f"with {n} processes, rank {rank} sent to {sorted(sent)} and received from "
+            f"{sorted(got)}; its ring neighbours are {left} and {right}",
+        )
+
+
+@check(
+    random_tensors,
+    points=1,
+    hint="Send chunks of 1/world_size of the tensor, not the whole tensor: 2 (N - 1) chunks "
+    "per rank in all, N - 1 in the reduce-scatter and N - 1 in the all-gather.",
+    after=("every_rank_holds_the_sum", "uses_only_point_to_point_calls"),
+)
+def each_rank_sends_two_n_minus_one_chunks(seen, ctx):
+    """Each rank sends 2 (N - 1) / N of the tensor's elements: what makes the ring fast."""
+    for n, rank, i, record in ring_records(seen):
+        numel = record["expected"].numel()
+        sent = sum(c.get("numel", 0) for c in record["calls"] if c["name"] in ("send", "isend"))
+        budget = 2 * (n - 1) * numel // n
+        expect(
+            sent <= budget,
+            f"with {n} processes, rank {rank} sent {sent} elements of a tensor of {numel} "
+            f"(call {i + 1}); a ring sends {budget}, 2 (N - 1) / N of it",
+        )
+
+
+@error_hints
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "Received data size doesn't match" in raised.message or "preamble" in raised.message:
+        return (
+            "A receive got a different number of elements than it expected: both ends of each "
+            "step must agree on the chunk (send chunk (rank - s), receive chunk (rank - s - 1))."
+        )
+    if "Default process group has not been initialized" in raised.message:
+        return "Call the function inside a process group: use d2l.launch(...) in the notebook."
+    return None

@@ -1,0 +1,34 @@
+"""Hidden checks of `average_gradients_bucketed`: another bucket size."""
+
+from grader.api import check, expect
+from grader.checks.average_gradients import gradients_of_a_shard
+from grader.checks.average_gradients_bucketed import (
+    BUCKET_HINT,
+    expect_mean_with_buckets,
+    expected_buckets,
+    reduced,
+)
+from grader.ranks import groups_finished
+
+OTHER_MB = 0.002
+
+other_buckets = gradients_of_a_shard.using(
+    "other_buckets",
+    "The shard's gradients with bucket_mb=0.002.",
+    arguments={"bucket_mb": OTHER_MB},
+)
+
+
+@check(other_buckets, points=2, hint=BUCKET_HINT)
+def right_means_and_bucket_count_with_another_size(seen, ctx):
+    """With bucket_mb=0.002, the means are right and each bucket has one all_reduce."""
+    expect_mean_with_buckets(seen, ctx)
+    wanted = len(expected_buckets(False, OTHER_MB))
+    for n, ranks in groups_finished(seen):
+        for rank, result in enumerate(ranks):
+            count = len(reduced(result))
+            expect(
+                count == wanted,
+                f"with {n} processes, rank {rank} called all_reduce {count} times; "
+                f"bucket_mb={OTHER_MB} makes {wanted} buckets",
+            )

@@ -1,0 +1,37 @@
+"""Hidden checks of `train_ddp`: another global batch, learning rate and number of epochs."""
+
+from grader.api import check, expect, expect_close
+from grader.checks.train_ddp import finished_runs, plain_state, replay, training_run
+
+LR, BATCH, EPOCHS = 0.2, 48, 3
+
+another_run = training_run.using(
+    "another_run",
+    "Three epochs with a global batch of 48 and a learning rate of 0.2.",
+    num_epochs=EPOCHS,
+    batch_size=BATCH,
+    lr=LR,
+)
+
+
+@check(
+    another_run,
+    points=2,
+    hint="Use num_epochs, batch_size (the global batch, split over the ranks) and lr as given.",
+)
+def matches_one_process_with_other_settings(seen, ctx):
+    """With batch 48, lr 0.2 and 3 epochs, the ranks agree with one process's replay."""
+    for n, ranks in finished_runs(seen):
+        steps = [e for e in ranks[0]["log"] if e[0] == "forward" and e[1]]
+        expect(
+            len(steps) == EPOCHS * 96 // BATCH,
+            f"with {n} processes, rank 0 took {len(steps)} training steps; 3 epochs of 96 "
+            f"examples in global batches of {BATCH} take {EPOCHS * 96 // BATCH}",
+        )
+        single = replay(ranks, ctx.seed, LR)
+        for rank, result in enumerate(ranks):
+            for name, value in plain_state(result["final"]).items():
+                expect_close(
+                    value, single[name], f"with {n} processes, rank {rank}'s {name}", rtol=1e-4,
+                    atol=1e-5,
+                )  # fmt: skip

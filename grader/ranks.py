@@ -1,0 +1,310 @@
+"""Run a case in every process of a fresh process group, and note the torch.distributed calls
+the student's code makes there. The checks of the distributed notebook share it.
+
+A case calls `in_ranks(world_size, body)`: `body()` runs in each of `world_size` processes
+forked from the grading child (dplab.distributed.launch, on gloo), which join one group. What
+each body returns comes back as plain data. A group that deadlocks, crashes or runs past its
+limits does not end the case: `in_ranks` returns a record saying what happened, which the
+checks turn into a failure that names the rank (`expect_ranks_finished`).
+
+Nothing here solves an exercise: it starts processes, draws inputs from seeds and records.
+"""
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from dplab.distributed import LIBRARY_PARTS, LaunchError, RanksHung, RanksTimedOut, launch
+from grader.api import Crash, Fail, MissingFunction, Raised, attempt, raised_in
+
+WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
+IDLE_SECONDS = 5.0  # ranks that together compute next to nothing this long are deadlocked
+CPU_SECONDS = 60.0  # processor time of one group, all ranks together
+WALL_SECONDS = 300.0  # a backstop
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "barrier",
+    "broadcast_object_list",
+)
+POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+# The functions as torch defines them, taken when the grader's modules load (before any
+# student code): the recorders wrap these, and trusted computations call them.
+ORIGINAL = {name: getattr(distributed_c10d, name) for name in COLLECTIVES + POINT_TO_POINT}
+all_reduce = ORIGINAL["all_reduce"]
+LIBRARY_PARTS.append(__file__)  # a stuck rank's stack shows the student's frames, not these
+
+
+def _describe_call(name: str, args: tuple, kwargs: dict, keep_input: bool) -> dict:
+    """Return what a call passes: the tensor's size and dtype, and its peer (point to point)."""
+    record: dict[str, Any] = {"name": name, "at": time.monotonic()}
+    tensor = args[0] if args else kwargs.get("tensor")
+    if isinstance(tensor, torch.Tensor):
+        record["numel"] = int(tensor.numel())
+        record["dtype"] = str(tensor.dtype).removeprefix("torch.")
+        if keep_input:
+            record["input"] = tensor.detach().to("cpu").clone()
+    if name in PEER:
+        peer = args[1] if len(args) > 1 else kwargs.get(PEER[name])
+        record["peer"] = int(peer) if isinstance(peer, int) else None
+    if name == "all_reduce":
+        op = args[1] if len(args) > 1 else kwargs.get("op", dist.ReduceOp.SUM)
+        record["op"] = str(op).rpartition(".")[2]
+    return record
+
+
+@contextlib.contextmanager
+def recording_calls(
+    namespace: dict | None = None, keep_inputs: tuple[str, ...] = ()
+) -> Iterator[list[dict]]:
+    """Note every collective and point-to-point call made while the block runs, however the
+    code reaches it (`dist.all_reduce`, `torch.distributed.all_reduce`, or a name imported
+    into `namespace`, the student's notebook). The calls go through to torch unchanged;
+    for the names in `keep_inputs`, a copy of the tensor passed is kept."""
+    calls: list[dict] = []
+    depth = [0]  # torch's own functions call each other (send calls isend): note the outer one
+    wrappers = {}
+    for name, original in ORIGINAL.items():
+
+        @functools.wraps(original)
+        def wrapper(*args, __name=name, __original=original, **kwargs):
+            if depth[0] == 0:
+                calls.append(_describe_call(__name, args, kwargs, __name in keep_inputs))
+            depth[0] += 1
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        wrappers[name] = wrapper
+    with contextlib.ExitStack() as stack:
+        for module in (dist, distributed_c10d):
+            for name, wrapper in wrappers.items():
+                if hasattr(module, name):
+                    stack.enter_context(_swapped(module.__dict__, name, wrapper))
+        if namespace is not None:
+            for key, value in list(namespace.items()):
+                for name, original in ORIGINAL.items():
+                    if value is original:
+                        stack.enter_context(_swapped(namespace, key, wrappers[name]))
+        yield calls
+
+
+@contextlib.contextmanager
+def _swapped(where: dict, key: str, value: Any) -> Iterator[None]:
+    before = where[key]
+    where[key] = value
+    try:
+        yield
+    finally:
+        where[key] = before
+
+
+def in_rank(call: Callable[[], Any]) -> dict:
+    """In a rank: run the student's `call` through `attempt`, noting when it raised (so that
+    the rank that failed first is the one reported). A stub or a missing function is noted
+    as such."""
+    try:
+        outcome = attempt(call)
+    except (NotImplementedError, MissingFunction) as error:
+        outcome = {"returned": None, "raised": Raised.from_exception(error).as_data()}
+    outcome["at"] = time.monotonic()
+    return outcome
+
+
+def in_ranks(world_size: int, body: Callable[[], Any]) -> dict:
+    """Run `body()` in each process of a new gloo group of `world_size`; return
+    {"ranks": [what each returned]}, or {"failed": why, "kind": "hung", "raised" or
+    "limit", "rank": the rank to blame or None} when the group did not finish. The ranks
+    together may use the case's processor-time limit (CPU_SECONDS outside a grade)."""
+    from grader.sandbox.runner import case_seconds
+
+    try:
+        done = launch(
+            body,
+            nprocs=world_size,
+            backend="gloo",
+            timeout=WALL_SECONDS,
+            idle_timeout=IDLE_SECONDS,
+            cpu_limit=case_seconds[0] or CPU_SECONDS,
+            show=False,
+        )
+    except LaunchError as error:
+        kind = (
+            "hung"
+            if isinstance(error, RanksHung)
+            else "limit"
+            if isinstance(error, RanksTimedOut)
+            else "raised"
+        )
+        return {
+            "failed": str(error)[-3000:],
+            "kind": kind,
+            "rank": error.rank,
+            "finished": error.finished,
+        }
+    return {"ranks": done.results, "outputs": [o[-2000:] for o in done.outputs]}
+
+
+def in_every_size(body: Callable[[int], Callable[[], Any]], sizes=WORLD_SIZES) -> list[dict]:
+    """Run `body(world_size)` in groups of each size (see `in_ranks`), smallest first; after
+    a group that deadlocked or ran out of time, the bigger ones are not tried (they would
+    only wait as long again). A stub stops the case as it would anywhere else."""
+    groups: list[dict] = []
+    for n in sizes:
+        group = in_ranks(n, body(n))
+        group["world_size"] = n
+        groups.append(group)
+        stub = first_stub(group)
+        if stub is not None:
+            raise stub
+        if group.get("kind") in ("hung", "limit"):
+            break
+    return groups
+
+
+def first_stub(group: dict) -> Exception | None:
+    """Return the error to raise in the case when a rank met a stub or a missing function."""
+    for rank in group.get("ranks", []):
+        raised = raised_in(rank)
+        if raised is not None and raised.type == "NotImplementedError":
+            return NotImplementedError(raised.message)
+        if raised is not None and raised.type == "MissingFunction":
+            return MissingFunction(raised.message)
+    return None
+
+
+# ---- for the checks, in the grader's process ----------------------------------------------
+
+
+def starts_processes(exercise) -> bool:
+    """Return True when an exercise's public checks run its cases in process groups."""
+    import importlib
+
+    module = importlib.import_module(exercise.checks)
+    return any(getattr(v, "__module__", None) == __name__ for v in vars(module).values())
+
+
+def autograd_threads_started() -> bool:
+    """Return True when autograd has started its device threads in this process (PyTorch
+    names them pt_autograd_N)."""
+    import os
+
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().startswith("pt_autograd"):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def apart(fn: Callable[..., Any], *args: Any) -> Any:
+    """Return `fn(*args)`, computed in a forked process of its own where that matters.
+
+    For the judges' own training and backward passes: autograd starts threads for the GPUs
+    (and the lab's stand-in devices) at a process's first backward pass, and a process with
+    those threads can no longer fork ranks that run backward. The checks of a notebook run in
+    its kernel, which launches ranks later, so no judge may leave such threads there. Where
+    the threads are already there (the grader's own process, after other exercises), forking
+    could not help, and `fn` runs here.
+    """
+    import os
+    import pickle
+
+    if autograd_threads_started():
+        return fn(*args)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: compute, send, and leave without running any exit handler
+        os.close(read_end)
+        code = 0
+        try:
+            try:
+                torch.set_num_threads(1)  # the parent's OpenMP threads are not here
+                payload = pickle.dumps(("value", fn(*args)))
+            except BaseException as error:  # the judge's own error, raised again in the parent
+                payload = pickle.dumps(("error", f"{type(error).__name__}: {error}"))
+                code = 1
+            with os.fdopen(write_end, "wb") as out:
+                out.write(payload)
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as source:
+        data = source.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data) if data else ("error", "the computation's process died")
+    if kind == "error":
+        raise RuntimeError(f"the grader's own computation failed: {value}")
+    return value
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+DEADLOCK_HINT = (
+    "Every rank must make the same calls in the same order: a blocking send on every rank "
+    "at once waits forever (post the send with dist.isend, then recv, then wait), and so "
+    "does a collective that some ranks skip."
+)
+
+
+def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
+    """Return each rank's record of a group that finished; fail, naming the rank, if the
+    group deadlocked or ran out of time; raise Crash with the first error if the student's
+    code raised on a rank."""
+    label = f"with {group.get('world_size', '?')} processes" + (f", {what}" if what else "")
+    if "failed" in group:
+        kind = group.get("kind")
+        if kind == "hung" and group.get("finished"):
+            raise Fail(f"{label}: {group['failed']}")  # the check's own hint names the call
+        if kind == "hung":
+            raise Fail(f"{label}: {group['failed']}", DEADLOCK_HINT)
+        if kind == "limit":
+            raise Fail(f"{label}: {group['failed']}")
+        # A rank's process died (a crash inside torch, os._exit): judged as an error, so the
+        # exercise's error hints can name the mistake behind it.
+        raise Crash(Raised("RankFailed", f"{group['failed']} ({label})", "", ""))
+    ranks = group["ranks"]
+    crashed = [(r, raised_in(o)) for r, o in enumerate(ranks) if raised_in(o) is not None]
+    crashed = [(r, raised) for r, raised in crashed if raised.type not in ("NotImplementedError",)]
+    lost = [r for r, raised in crashed if any(p in raised.message for p in PEER_LOST)]
+    if crashed and len(lost) == len(crashed) and len(crashed) < len(ranks):
+        # Only "peer gone" errors: a rank returned while the others still waited for it.
+        left = [r for r in range(len(ranks)) if r not in lost]
+        raise Fail(
+            f"{label}: rank(s) {', '.join(map(str, left))} returned while rank(s) "
+            f"{', '.join(map(str, lost))} still waited for them in a call to torch.distributed "
+            "(which then failed: the connection was closed)"
+        )
+    if crashed:
+        rank, raised = min(crashed, key=lambda item: float(ranks[item[0]].get("at", 0.0)))
+        raise Crash(
+            Raised(raised.type, f"{raised.message} (on rank {rank}, {label})", raised.where, "")
+        )
+    return ranks
+
+
+def groups_finished(groups: list[dict], what: str = "") -> list[tuple[int, list[dict]]]:
+    """Return (world size, ranks) for every group, failing as `expect_ranks_finished` does."""
+    return [(g["world_size"], expect_ranks_finished(g, what)) for g in groups]

@@ -1,0 +1,253 @@
+"""The distributed notebook's runtime: `d2l.launch`, notebooks that launch, torchrun, the bench.
+
+The launcher runs real process groups on gloo over this machine's loopback; the torchrun test
+trains LeNet with the reference `train_ddp` in two processes and replays the run in one.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
+from grader.checks.train_ddp import plain_state, replay_on
+from grader.load.notebook import load_notebook, read_cells
+from grader.manifest import REPO
+from tests.conftest import SOLUTIONS, python, write_notebook
+
+# ---- the launcher --------------------------------------------------------------------------
+
+
+def book_demo():
+    t = torch.ones((1, 2)) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} holds {t.tolist()}")
+    return t
+
+
+def test_every_rank_sums_and_each_ones_output_comes_back():
+    done = launch(book_demo, nprocs=2, show=False)
+    assert [t.tolist() for t in done.results] == [[[3.0, 3.0]], [[3.0, 3.0]]]
+    assert torch.equal(done.result, torch.tensor([[3.0, 3.0]]))
+    assert done.outputs == ["rank 0 holds [[3.0, 3.0]]\n", "rank 1 holds [[3.0, 3.0]]\n"]
+    assert done.backend == "gloo"
+
+
+def test_output_is_shown_as_it_comes_behind_the_rank(capsys):
+    launch(book_demo, nprocs=3)
+    printed = capsys.readouterr().out.splitlines()
+    assert sorted(printed) == [f"[rank {r}] rank {r} holds [[6.0, 6.0]]" for r in range(3)]
+
+
+def environment():
+    return {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+
+
+def test_each_rank_finds_torchruns_variables_and_no_port_is_taken():
+    results = launch(environment, nprocs=3, show=False).results
+    assert [r["RANK"] for r in results] == ["0", "1", "2"]
+    assert [r["LOCAL_RANK"] for r in results] == ["0", "1", "2"]
+    assert {r["WORLD_SIZE"] for r in results} == {"3"}
+    assert {r["MASTER_PORT"] for r in results} == {None}  # they meet through a file
+
+
+def raises_on_rank_one():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one cannot go on")
+    dist.barrier()
+
+
+def test_a_rank_that_raises_stops_the_group_and_is_named():
+    with pytest.raises(RankFailed) as caught:
+        launch(raises_on_rank_one, nprocs=3, show=False)
+    assert caught.value.rank == 1
+    assert str(caught.value).startswith("rank 1 raised ValueError: rank one cannot go on")
+
+
+def sends_first():
+    t = torch.ones(4)
+    peer = 1 - dist.get_rank()
+    dist.send(t, peer)
+    dist.recv(t, peer)
+
+
+def test_a_deadlock_is_stopped_and_says_where_each_rank_waits():
+    with pytest.raises(RanksHung) as caught:
+        launch(sends_first, nprocs=2, idle_timeout=3, show=False)
+    message = str(caught.value)
+    assert "a deadlock" in message
+    for rank in (0, 1):
+        assert f"rank {rank} computed nothing for 3 s" in message
+    assert message.count("waiting in torch.distributed's send, called from") == 2
+    assert "in sends_first" in message
+
+
+def skips_the_all_reduce():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(2))
+
+
+def test_a_rank_that_skips_a_collective_is_named():
+    with pytest.raises(RanksHung) as caught:
+        launch(skips_the_all_reduce, nprocs=2, idle_timeout=3, show=False)
+    assert caught.value.finished == [1]
+    assert "a rank skipped a call that the others made" in str(caught.value)
+    assert "waiting in torch.distributed's all_reduce" in str(caught.value)
+
+
+def dies_on_rank_two():
+    if dist.get_rank() == 2:
+        print("leaving now")
+        os._exit(3)
+    dist.barrier()
+
+
+def test_a_rank_that_dies_is_named_with_its_last_words():
+    with pytest.raises(RankFailed) as caught:
+        launch(dies_on_rank_two, nprocs=3, show=False)
+    assert caught.value.rank == 2
+    assert "rank 2's process exited with code 3" in str(caught.value)
+    assert "leaving now" in str(caught.value)
+
+
+def spins():
+    while True:
+        pass
+
+
+def test_ranks_that_compute_without_end_hit_the_processor_time_limit():
+    with pytest.raises(RanksTimedOut, match="more than 2 s of processor time"):
+        launch(spins, nprocs=2, cpu_limit=2, show=False)
+
+
+def test_bad_arguments_say_what_is_wrong():
+    with pytest.raises(ValueError, match="nprocs must be a whole number from 1 to 16"):
+        launch(book_demo, nprocs=0)
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        launch(book_demo, args=3)
+    with pytest.raises(ValueError, match='backend must be "gloo", "nccl" or "auto"'):
+        launch(book_demo, backend="mpi")
+
+
+# ---- notebooks that launch -----------------------------------------------------------------
+
+
+def test_loading_a_notebook_runs_no_launch_however_deep(tmp_path):
+    marker = tmp_path / "ran"
+    notebook = write_notebook(
+        tmp_path / "launching.ipynb",
+        "import dplab as d2l",
+        f"def touch():\n    open({str(marker)!r}, 'w').write('ran')",
+        "def demo():\n    return d2l.launch(touch, nprocs=2)",
+        "result = demo()",
+        "d2l.launch(touch, nprocs=2)",
+        "defined = True",
+    )
+    loaded = load_notebook(notebook)
+    assert not marker.exists()
+    assert loaded.namespace["defined"] is True
+    assert "result" not in loaded.namespace  # its statement ended at the launch
+    assert loaded.notes == []
+
+
+# ---- torchrun -------------------------------------------------------------------------------
+
+PLAIN_LENET = """
+def lenet_without_batch_norm():
+    return nn.Sequential(
+        nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_trains_two_ranks_in_step_with_one_process(tmp_path):
+    """`torchrun --nproc-per-node 2 -m dplab.train_ddp` on the reference train_ddp: both ranks
+    end with the same weights, and those of one process trained by SGD on the same global
+    batches. (The model has no batch norm, whose per-rank statistics one process would not
+    reproduce.)"""
+    notebook = write_notebook(
+        tmp_path / "distributed.ipynb", *read_cells(SOLUTIONS / "distributed.ipynb"), PLAIN_LENET
+    )
+    record = tmp_path / "record"
+    torchrun = Path(python()).with_name("torchrun")
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "dplab.train_ddp",
+            "--notebook",
+            str(notebook),
+            "--model",
+            "lenet_without_batch_norm",
+            "--data",
+            "sample",
+            "--subset",
+            "512",
+            "128",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "64",
+            "--lr",
+            "0.3",
+            "--record",
+            str(record),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "test acc: " in proc.stdout and "on 2 processes (gloo, cpu)" in proc.stdout
+    ranks = [torch.load(record / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert len([e for e in ranks[0]["log"] if e[0] == "forward" and e[1]]) == 2 * 512 // 64
+    zero, one = plain_state(ranks[0]["final"]), plain_state(ranks[1]["final"])
+    for name in zero:
+        assert torch.equal(zero[name], one[name]), name
+    assert ranks[0]["history"] == ranks[1]["history"]
+
+    namespace = load_notebook(notebook).namespace
+    import dplab
+
+    train_set, _ = dplab.fashion_mnist_datasets(source="sample", subset=(512, 128))
+    single = replay_on(ranks, namespace["lenet_without_batch_norm"](), *train_set.tensors, 0.3)
+    for name, value in single.state_dict().items():
+        assert torch.allclose(zero[name], value, rtol=1e-4, atol=1e-5), name
+
+
+def test_train_ddp_outside_torchrun_says_how_to_start_it():
+    proc = subprocess.run(
+        [python(), "-m", "dplab.train_ddp"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "torchrun --nproc-per-node 2 -m dplab.train_ddp" in proc.stderr
+
+
+# ---- the bench ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_bench_prints_a_table_per_group_and_a_plot(tmp_path):
+    plot = tmp_path / "bench.png"
+    proc = subprocess.run(
+        [
+            python(), "-m", "grader.bench_distributed", "--procs", "2", "--sizes", "4096",
+            "16777216", "--repeats", "1", "--plot", str(plot),
+        ],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "| size | all_reduce | ring | per-parameter | bucketed |" in proc.stdout
+    assert "| 4 KiB |" in proc.stdout and "| 16 MiB |" in proc.stdout
+    assert "at 16 MiB the ring reaches" in proc.stdout
+    assert plot.stat().st_size > 0

@@ -1,0 +1,170 @@
+"""Grading the distributed notebook: process groups inside the fence, and what they may not do.
+
+A class of distributed notebooks is graded in one run of the command line, two at a time.
+Each student breaks one thing; each test looks at one student. The fence lets the lab's
+launcher fork the ranks of a group and lets them talk over the child's own loopback, and
+nothing more.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from grader.manifest import load_manifest
+from tests.conftest import python, write_notebook
+from tests.test_hostile import Server, replacing, sources
+
+MANIFEST = load_manifest()
+NOTEBOOK = "distributed.ipynb"
+POINTS = {ex.id: ex.points for ex in MANIFEST.in_notebook(NOTEBOOK)}
+
+SENDS_FIRST = """
+def ring_allreduce(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.view(-1).tensor_split(world))
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(world - 1):
+        i = (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[i])
+        dist.send(chunks[(rank - step) % world], right)
+        dist.recv(incoming, left)
+        chunks[i] += incoming
+    return tensor
+"""
+
+FORKS = """
+def average_gradients(model):
+    import os
+    os.fork()
+"""
+
+SPINS = """
+def evaluate_accuracy_distributed(net, test_iter, device):
+    while True:
+        pass
+"""
+
+RANK_ONE_LEAVES = """
+def train_ddp(net, num_epochs, batch_size, lr, data=None, device=None):
+    import os
+    if dist.get_rank() == 1:
+        os._exit(1)
+    dist.barrier()
+    return [0.0] * num_epochs
+"""
+
+
+def connects(port: int) -> str:
+    return f"""
+def ring_allreduce(tensor):
+    import socket
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    dist.all_reduce(tensor)
+    return tensor
+"""
+
+
+FAKES_ALL_REDUCE = (
+    "import torch.distributed as dist\ndist.all_reduce = lambda tensor, *a, **k: None"
+)
+
+
+@pytest.fixture(scope="module")
+def distributed_class(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distributed-class")
+    server = Server()
+    students = {
+        "good": sources(NOTEBOOK),
+        "sends_first": replacing("ring_allreduce", SENDS_FIRST, NOTEBOOK),
+        "forks": replacing("average_gradients", FORKS, NOTEBOOK),
+        "spins": replacing("evaluate_accuracy_distributed", SPINS, NOTEBOOK),
+        "rank_one_leaves": replacing("train_ddp", RANK_ONE_LEAVES, NOTEBOOK),
+        "connects": replacing("ring_allreduce", connects(server.port), NOTEBOOK),
+        "fakes_all_reduce": [*sources(NOTEBOOK), FAKES_ALL_REDUCE],
+    }
+    for name, cells in students.items():
+        write_notebook(root / "submitted" / name / MANIFEST.assignment / NOTEBOOK, *cells)
+    out = root / "results.json"
+    try:
+        proc = subprocess.run(
+            [
+                python(), "-m", "grader", "grade", str(root / "submitted"), "--jobs", "2",
+                "--check-timeout", "10", "--json", str(out),
+            ],
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
+    return {"report": report, "connections": server.connections}
+
+
+def scores(sub) -> dict[str, float]:
+    return {e["name"]: e["score"] for e in sub["exercises"] if e["name"] in POINTS}
+
+
+def text(sub, exercise) -> str:
+    return " ".join(
+        c["message"] + " " + c["hint"]
+        for e in sub["exercises"]
+        if e["name"] == exercise
+        for c in e["checks"]
+    )
+
+
+def others_full(sub, but: str) -> None:
+    got = scores(sub)
+    assert {k: v for k, v in got.items() if k != but} == {
+        k: v for k, v in POINTS.items() if k != but
+    }, got
+
+
+def test_the_reference_gets_full_marks_in_the_fence(distributed_class):
+    assert scores(distributed_class["report"]["good"]) == POINTS
+
+
+def test_a_deadlocked_ring_fails_clearly_and_costs_only_the_ring(distributed_class):
+    sub = distributed_class["report"]["sends_first"]
+    assert scores(sub)["ring_allreduce"] == 0
+    said = text(sub, "ring_allreduce")
+    assert "a deadlock" in said and "waiting in torch.distributed's send" in said
+    assert "blocking send on every rank at once waits forever" in said
+    others_full(sub, "ring_allreduce")
+
+
+def test_student_code_cannot_start_processes_of_its_own(distributed_class):
+    sub = distributed_class["report"]["forks"]
+    assert scores(sub)["average_gradients"] == 0
+    assert "starting processes is not allowed while grading" in text(sub, "average_gradients")
+    others_full(sub, "average_gradients")
+
+
+def test_ranks_that_spin_hit_the_processor_time_limit(distributed_class):
+    sub = distributed_class["report"]["spins"]
+    assert scores(sub)["evaluate_accuracy_distributed"] == 0
+    assert "more than 10 s of processor time" in text(sub, "evaluate_accuracy_distributed")
+    others_full(sub, "evaluate_accuracy_distributed")
+
+
+def test_a_rank_that_leaves_is_named(distributed_class):
+    sub = distributed_class["report"]["rank_one_leaves"]
+    assert scores(sub)["train_ddp"] == 0
+    assert "rank 1's process exited with code 1" in text(sub, "train_ddp")
+    others_full(sub, "train_ddp")
+
+
+def test_the_ranks_reach_no_network_but_their_own_loopback(distributed_class):
+    sub = distributed_class["report"]["connects"]
+    assert distributed_class["connections"] == 0
+    assert scores(sub)["ring_allreduce"] == 0
+    assert "network use is not allowed while grading" in text(sub, "ring_allreduce")
+    others_full(sub, "ring_allreduce")
+
+
+def test_replacing_torch_distributed_voids_the_distributed_exercises(distributed_class):
+    sub = distributed_class["report"]["fakes_all_reduce"]
+    assert set(scores(sub).values()) == {0}
+    assert "changed the grader's own code or torch" in text(sub, "average_gradients")
+    assert "torch.distributed" in text(sub, "average_gradients")
