@@ -48,12 +48,17 @@ lint: $(DEV_READY)
 # another program keeping one core busy made the notebook kernels crawl while the threads
 # spun waiting for each other, past the tests' time limits; one thread just gets a core.
 PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+# Test files run side by side on two workers (pytest-xdist), each file's tests together in one
+# worker, so that a module's fixtures (a graded class, an nbgrader course) are made once, the
+# longest first (tests/conftest.py orders them). WORKERS=1 runs them one at a time.
+WORKERS ?= 2
+PARALLEL := $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(DEV_READY) lint
-	$(PYTEST) --durations=15
+	$(PYTEST) $(PARALLEL) --durations=15
 
 test-fast: $(DEV_READY) lint
-	$(PYTEST) -m "not slow and not container" --durations=5
+	$(PYTEST) $(PARALLEL) -m "not slow and not container" --durations=5
 
 exercises: $(DEV_READY)
 	$(BIN)/python -m grader sync

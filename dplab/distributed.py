@@ -427,8 +427,10 @@ IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting
 
 def _parent_waits(
     group: _Group, nprocs: int, timeout: float, idle_timeout: float, cpu_limit: float | None
-) -> None:
-    """Watch the ranks until all have ended well; raise a LaunchError naming who did not."""
+) -> Iterator[None]:
+    """Watch the ranks until all have ended well; raise a LaunchError naming who did not.
+    A generator: it yields whenever the caller should wait a moment and look again, so that
+    one caller can watch several groups at once."""
     started = time.monotonic()
     readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
     grace_until = None  # after a rank fails, the others get a moment to fail by themselves
@@ -458,7 +460,7 @@ def _parent_waits(
             group.kill()
             group.flush()
             raise RanksTimedOut(
-                f"the {nprocs} processes used more than {cpu_limit:g} s of processor time "
+                f"the {nprocs} processes used more than {cpu_limit:.3g} s of processor time "
                 "between them and were stopped",
                 None,
                 [group.output(r) for r in range(nprocs)],
@@ -499,7 +501,7 @@ def _parent_waits(
                 None,
                 [group.output(r) for r in range(nprocs)],
             )
-        time.sleep(0.02)
+        yield
     if group.running:
         group.kill()
     group.flush()
@@ -538,6 +540,80 @@ def _launch_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _check_arguments(fn: Callable, args: tuple, nprocs: int, backend: str | None) -> str:
+    """Refuse what cannot be launched, saying why; return the backend to use."""
+    if _skipping[0]:
+        raise LaunchSkipped(getattr(fn, "__name__", "the function"))
+    if not callable(fn):
+        raise TypeError(f"launch needs a function to run in every process, not {fn!r}")
+    if not isinstance(nprocs, int) or not 1 <= nprocs <= MAX_PROCESSES:
+        raise ValueError(f"nprocs must be a whole number from 1 to {MAX_PROCESSES}, not {nprocs!r}")
+    if not isinstance(args, tuple | list):
+        raise TypeError(f"args must be a tuple of fn's arguments, not {type(args).__name__}")
+    chosen = choose_backend(nprocs, backend)
+    if chosen == "nccl" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "this process has already used CUDA, and forked processes cannot use it after "
+            "that: restart the kernel and launch before any CUDA code runs here, or pass "
+            'backend="gloo"'
+        )
+    if torch.distributed.is_initialized():
+        raise RuntimeError("launch starts its own process group: call it outside of one")
+    # Every torch.optim optimizer imports torch._dynamo (over a second): import it here, once,
+    # so that the ranks, forked afresh at each launch, find it already loaded.
+    importlib.import_module("torch._dynamo")
+    return chosen
+
+
+def _start(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict | None,
+    nprocs: int,
+    backend: str,
+    folder: Path,
+    store_timeout: float,
+    show: bool,
+) -> _Group:
+    """Fork the ranks of one group; return the parent's view of them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids: list[int] = []
+    with warnings.catch_warnings():  # a notebook's kernel has threads; ranks ignore them
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            for rank in range(nprocs):
+                pids.append(
+                    _fork_rank(
+                        fn, tuple(args), dict(kwargs or {}), rank, nprocs, backend, folder,
+                        store_timeout,
+                    )
+                )  # fmt: skip
+        except BaseException:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            raise
+    return _Group(folder, pids, show)
+
+
+def _results(group: _Group, backend: str, started: float) -> Launched:
+    """Read back what the ranks of a group that ended well left."""
+    results = []
+    for rank in range(len(group.pids)):
+        with open(group.folder / f"rank{rank}.result", "rb") as f:
+            results.append(pickle.load(f))
+    figures = [p.read_bytes() for p in sorted((group.folder / "rank0-figures").glob("*.png"))]
+    outputs = [group.output(r) for r in range(len(group.pids))]
+    return Launched(results, outputs, backend, time.monotonic() - started, figures)
+
+
+def _pause(started: float) -> None:
+    # Most groups of the checks finish within a fraction of a second: look often then.
+    time.sleep(0.005 if time.monotonic() - started < 1.0 else 0.02)
+
+
 def launch(
     fn: Callable,
     args: tuple = (),
@@ -556,60 +632,60 @@ def launch(
     deadlock), and `cpu_limit` their processor time together. `show` prints each rank's
     output as it comes and shows rank 0's plots. See the module docstring.
     """
-    if _skipping[0]:
-        raise LaunchSkipped(getattr(fn, "__name__", "the function"))
-    if not callable(fn):
-        raise TypeError(f"launch needs a function to run in every process, not {fn!r}")
-    if not isinstance(nprocs, int) or not 1 <= nprocs <= MAX_PROCESSES:
-        raise ValueError(f"nprocs must be a whole number from 1 to {MAX_PROCESSES}, not {nprocs!r}")
-    if not isinstance(args, tuple | list):
-        raise TypeError(f"args must be a tuple of fn's arguments, not {type(args).__name__}")
-    chosen = choose_backend(nprocs, backend)
-    if chosen == "nccl" and torch.cuda.is_initialized():
-        raise RuntimeError(
-            "this process has already used CUDA, and forked processes cannot use it after "
-            "that: restart the kernel and launch before any CUDA code runs here, or pass "
-            'backend="gloo"'
-        )
-    if torch.distributed.is_initialized():
-        raise RuntimeError("launch starts its own process group: call it outside of one")
+    chosen = _check_arguments(fn, args, nprocs, backend)
     started = time.monotonic()
-    # Every torch.optim optimizer imports torch._dynamo (over a second): import it here, once,
-    # so that the ranks, forked afresh at each launch, find it already loaded.
-    importlib.import_module("torch._dynamo")
-
-    sys.stdout.flush()
-    sys.stderr.flush()
+    store_timeout = max(2 * idle_timeout, 30.0) if idle_timeout else timeout
     with _launch_folder() as folder:
-        pids: list[int] = []
-        with warnings.catch_warnings():  # a notebook's kernel has threads; ranks ignore them
-            warnings.simplefilter("ignore", DeprecationWarning)
-            try:
-                for rank in range(nprocs):
-                    pids.append(
-                        _fork_rank(
-                            fn, tuple(args), dict(kwargs or {}), rank, nprocs, chosen, folder,
-                            max(2 * idle_timeout, 30.0) if idle_timeout else timeout,
-                        )
-                    )  # fmt: skip
-            except BaseException:
-                for pid in pids:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                raise
-        group = _Group(folder, pids, show)
+        group = _start(fn, args, kwargs, nprocs, chosen, folder, store_timeout, show)
         try:
-            _parent_waits(group, nprocs, timeout, idle_timeout, cpu_limit)
+            for _ in _parent_waits(group, nprocs, timeout, idle_timeout, cpu_limit):
+                _pause(started)
         except BaseException:  # Ctrl-C in the notebook stops every rank too
             group.kill()
             raise
-        results = []
-        for rank in range(nprocs):
-            with open(folder / f"rank{rank}.result", "rb") as f:
-                results.append(pickle.load(f))
-        figures = [p.read_bytes() for p in sorted((folder / "rank0-figures").glob("*.png"))]
-        outputs = [group.output(r) for r in range(nprocs)]
+        done = _results(group, chosen, started)
     if show:
-        _show_figures(figures)
-    return Launched(results, outputs, chosen, time.monotonic() - started, figures)
+        _show_figures(done.figures)
+    return done
+
+
+def launch_each(
+    calls: list[tuple[Callable, int]],
+    backend: str | None = None,
+    timeout: float = 3600.0,
+    idle_timeout: float = 60.0,
+    cpu_limit: float | None = None,
+) -> list[Launched | LaunchError]:
+    """Run several groups side by side: for each (fn, nprocs) in `calls`, `fn()` in every
+    process of a group of its own, as `launch` does (quietly). Return, in order, what each
+    launch returned, or the LaunchError that ended it: one group's failure ends no other.
+    Groups that mostly wait (the checks' tiny cases) take little longer together than the
+    largest alone."""
+    chosen = [_check_arguments(fn, (), nprocs, backend) for fn, nprocs in calls]
+    started = time.monotonic()
+    store_timeout = max(2 * idle_timeout, 30.0) if idle_timeout else timeout
+    outcomes: list[Launched | LaunchError | None] = [None] * len(calls)
+    with contextlib.ExitStack() as stack:
+        groups, watchers = [], {}
+        try:
+            for i, ((fn, nprocs), backend_i) in enumerate(zip(calls, chosen, strict=True)):
+                folder = stack.enter_context(_launch_folder())
+                groups.append(_start(fn, (), None, nprocs, backend_i, folder, store_timeout, False))
+                watchers[i] = _parent_waits(groups[i], nprocs, timeout, idle_timeout, cpu_limit)
+            while watchers:
+                for i, watcher in list(watchers.items()):
+                    try:
+                        next(watcher)
+                    except StopIteration:
+                        outcomes[i] = _results(groups[i], chosen[i], started)
+                        del watchers[i]
+                    except LaunchError as error:
+                        outcomes[i] = error
+                        del watchers[i]
+                if watchers:
+                    _pause(started)
+        except BaseException:
+            for group in groups:
+                group.kill()
+            raise
+    return outcomes  # type: ignore[return-value]

@@ -1,11 +1,11 @@
 """Run a case in every process of a fresh process group, and note the torch.distributed calls
 the student's code makes there. The checks of the distributed notebook share it.
 
-A case calls `in_ranks(world_size, body)`: `body()` runs in each of `world_size` processes
-forked from the grading child (dplab.distributed.launch, on gloo), which join one group. What
-each body returns comes back as plain data. A group that deadlocks, crashes or runs past its
-limits does not end the case: `in_ranks` returns a record saying what happened, which the
-checks turn into a failure that names the rank (`expect_ranks_finished`).
+A case calls `in_every_size(body)`: for each group size, `body(size)()` runs in each process
+of a group forked from the grading child (dplab.distributed, on gloo); the groups run side by
+side. What each body returns comes back as plain data. A group that deadlocks, crashes or
+runs past its limits does not end the case: its record says what happened, which the checks
+turn into a failure that names the rank (`expect_ranks_finished`).
 
 Nothing here solves an exercise: it starts processes, draws inputs from seeds and records.
 """
@@ -20,7 +20,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from dplab.distributed import LIBRARY_PARTS, LaunchError, RanksHung, RanksTimedOut, launch
+from dplab.distributed import (
+    LIBRARY_PARTS,
+    Launched,
+    LaunchError,
+    RanksHung,
+    RanksTimedOut,
+    launch_each,
+)
 from grader.api import Crash, Fail, MissingFunction, Raised, attempt, raised_in
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
@@ -132,54 +139,49 @@ def in_rank(call: Callable[[], Any]) -> dict:
     return outcome
 
 
-def in_ranks(world_size: int, body: Callable[[], Any]) -> dict:
-    """Run `body()` in each process of a new gloo group of `world_size`; return
-    {"ranks": [what each returned]}, or {"failed": why, "kind": "hung", "raised" or
-    "limit", "rank": the rank to blame or None} when the group did not finish. The ranks
-    together may use the case's processor-time limit (CPU_SECONDS outside a grade)."""
-    from grader.sandbox.runner import case_seconds
-
-    try:
-        done = launch(
-            body,
-            nprocs=world_size,
-            backend="gloo",
-            timeout=WALL_SECONDS,
-            idle_timeout=IDLE_SECONDS,
-            cpu_limit=case_seconds[0] or CPU_SECONDS,
-            show=False,
-        )
-    except LaunchError as error:
+def group_record(done: Launched | LaunchError) -> dict:
+    """Return what a launch gave as plain data: {"ranks": [what each returned], "outputs":
+    [what each printed]}, or {"failed": why, "kind": "hung", "raised" or "limit", "rank":
+    the rank to blame or None, "finished": the ranks that had returned}."""
+    if isinstance(done, LaunchError):
         kind = (
             "hung"
-            if isinstance(error, RanksHung)
+            if isinstance(done, RanksHung)
             else "limit"
-            if isinstance(error, RanksTimedOut)
+            if isinstance(done, RanksTimedOut)
             else "raised"
         )
         return {
-            "failed": str(error)[-3000:],
+            "failed": str(done)[-3000:],
             "kind": kind,
-            "rank": error.rank,
-            "finished": error.finished,
+            "rank": done.rank,
+            "finished": done.finished,
         }
     return {"ranks": done.results, "outputs": [o[-2000:] for o in done.outputs]}
 
 
 def in_every_size(body: Callable[[int], Callable[[], Any]], sizes=WORLD_SIZES) -> list[dict]:
-    """Run `body(world_size)` in groups of each size (see `in_ranks`), smallest first; after
-    a group that deadlocked or ran out of time, the bigger ones are not tried (they would
-    only wait as long again). A stub stops the case as it would anywhere else."""
-    groups: list[dict] = []
-    for n in sizes:
-        group = in_ranks(n, body(n))
+    """Run `body(world_size)()` in every process of a new gloo group of each size, the
+    groups side by side; return a record per group (see `group_record`), smallest first.
+    Together the groups may use the case's processor-time limit (CPU_SECONDS outside a
+    grade). A stub stops the case as it would anywhere else."""
+    from grader.sandbox.runner import case_seconds
+
+    groups = []
+    launched = launch_each(
+        [(body(n), n) for n in sizes],
+        backend="gloo",
+        timeout=WALL_SECONDS,
+        idle_timeout=IDLE_SECONDS,
+        cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
+    )
+    for n, done in zip(sizes, launched, strict=True):
+        group = group_record(done)
         group["world_size"] = n
         groups.append(group)
         stub = first_stub(group)
         if stub is not None:
             raise stub
-        if group.get("kind") in ("hung", "limit"):
-            break
     return groups
 
 

@@ -48,10 +48,34 @@ SLOW_FIXTURES = {
 }
 
 
+# The modules that take longest, longest first: run side by side (make test's two workers,
+# one module to a worker at a time), they start first, so that the workers finish together.
+LONGEST_FIRST = [
+    "test_nbgrader",
+    "test_notebook_runs",
+    "test_limits",
+    "test_mistakes",
+    "test_distributed_grading",
+    "test_hostile",
+    "test_class_grading",
+    "test_outside_code",
+    "test_seeds",
+    "test_grading",
+    "test_distributed",
+    "test_readme",
+]
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+    def rank(item) -> int:
+        name = Path(str(item.fspath)).stem
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module keeps its own order
 
 
 @pytest.fixture(scope="session")

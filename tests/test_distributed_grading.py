@@ -77,10 +77,19 @@ def distributed_class(tmp_path_factory):
     students = {
         "good": sources(NOTEBOOK),
         "sends_first": replacing("ring_allreduce", SENDS_FIRST, NOTEBOOK),
-        "forks": replacing("average_gradients", FORKS, NOTEBOOK),
-        "spins": replacing("evaluate_accuracy_distributed", SPINS, NOTEBOOK),
-        "rank_one_leaves": replacing("train_ddp", RANK_ONE_LEAVES, NOTEBOOK),
-        "connects": replacing("ring_allreduce", connects(server.port), NOTEBOOK),
+        # two breaches in one notebook: each costs its own exercise
+        "escapes": [
+            c
+            for c in replacing("average_gradients", FORKS, NOTEBOOK)
+            if "def ring_allreduce(" not in c
+        ]
+        + [connects(server.port)],
+        "stops": [
+            c
+            for c in replacing("evaluate_accuracy_distributed", SPINS, NOTEBOOK)
+            if "def train_ddp(" not in c
+        ]
+        + [RANK_ONE_LEAVES],
         "fakes_all_reduce": [*sources(NOTEBOOK), FAKES_ALL_REDUCE],
     }
     for name, cells in students.items():
@@ -90,7 +99,7 @@ def distributed_class(tmp_path_factory):
         proc = subprocess.run(
             [
                 python(), "-m", "grader", "grade", str(root / "submitted"), "--jobs", "2",
-                "--check-timeout", "10", "--json", str(out),
+                "--check-timeout", "5", "--json", str(out),
             ],
             capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
@@ -114,10 +123,10 @@ def text(sub, exercise) -> str:
     )
 
 
-def others_full(sub, but: str) -> None:
+def others_full(sub, *but: str) -> None:
     got = scores(sub)
-    assert {k: v for k, v in got.items() if k != but} == {
-        k: v for k, v in POINTS.items() if k != but
+    assert {k: v for k, v in got.items() if k not in but} == {
+        k: v for k, v in POINTS.items() if k not in but
     }, got
 
 
@@ -135,32 +144,33 @@ def test_a_deadlocked_ring_fails_clearly_and_costs_only_the_ring(distributed_cla
 
 
 def test_student_code_cannot_start_processes_of_its_own(distributed_class):
-    sub = distributed_class["report"]["forks"]
+    sub = distributed_class["report"]["escapes"]
     assert scores(sub)["average_gradients"] == 0
     assert "starting processes is not allowed while grading" in text(sub, "average_gradients")
-    others_full(sub, "average_gradients")
-
-
-def test_ranks_that_spin_hit_the_processor_time_limit(distributed_class):
-    sub = distributed_class["report"]["spins"]
-    assert scores(sub)["evaluate_accuracy_distributed"] == 0
-    assert "more than 10 s of processor time" in text(sub, "evaluate_accuracy_distributed")
-    others_full(sub, "evaluate_accuracy_distributed")
-
-
-def test_a_rank_that_leaves_is_named(distributed_class):
-    sub = distributed_class["report"]["rank_one_leaves"]
-    assert scores(sub)["train_ddp"] == 0
-    assert "rank 1's process exited with code 1" in text(sub, "train_ddp")
-    others_full(sub, "train_ddp")
+    others_full(sub, "average_gradients", "ring_allreduce")
 
 
 def test_the_ranks_reach_no_network_but_their_own_loopback(distributed_class):
-    sub = distributed_class["report"]["connects"]
+    sub = distributed_class["report"]["escapes"]
     assert distributed_class["connections"] == 0
     assert scores(sub)["ring_allreduce"] == 0
     assert "network use is not allowed while grading" in text(sub, "ring_allreduce")
-    others_full(sub, "ring_allreduce")
+    others_full(sub, "average_gradients", "ring_allreduce")
+
+
+def test_ranks_that_spin_hit_the_processor_time_limit(distributed_class):
+    sub = distributed_class["report"]["stops"]
+    assert scores(sub)["evaluate_accuracy_distributed"] == 0
+    said = text(sub, "evaluate_accuracy_distributed")
+    assert "s of processor time between them and were stopped" in said
+    others_full(sub, "evaluate_accuracy_distributed", "train_ddp")
+
+
+def test_a_rank_that_leaves_is_named(distributed_class):
+    sub = distributed_class["report"]["stops"]
+    assert scores(sub)["train_ddp"] == 0
+    assert "rank 1's process exited with code 1" in text(sub, "train_ddp")
+    others_full(sub, "evaluate_accuracy_distributed", "train_ddp")
 
 
 def test_replacing_torch_distributed_voids_the_distributed_exercises(distributed_class):

@@ -8,6 +8,7 @@ and the compose file's CPU services. Skipped, with the reason, where no engine c
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -269,3 +270,26 @@ def test_compose_serves_the_lab_on_the_hosts_port(composed):
     assert get(f"{base}/api/status")[0] == 403
     logs = compose("logs", "lab-cpu", timeout=120)
     assert f"start-lab: open http://127.0.0.1:{port}/lab?token={token}" in logs.stdout + logs.stderr
+
+
+def test_compose_runs_torchrun_in_the_lab_image(composed):
+    proc = compose("run", "--rm", "train-ddp-cpu", env={"TRAIN_ARGS": "--help"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "usage: dplab.train_ddp" in proc.stdout + proc.stderr
+
+
+def test_torchrun_trains_in_the_lab_image(images, tmp_path):
+    """Two processes on gloo in the lab image, on the reference train_ddp (mounted: the image
+    holds no solution) and the embedded sample."""
+    shutil.copy(REPO / "solutions" / load_manifest().assignment / "distributed.ipynb", tmp_path)
+    os.chmod(tmp_path, 0o755)
+    proc = run(
+        images["lab"],
+        *("torchrun", "--standalone", "--nproc-per-node", "2", "-m", "dplab.train_ddp"),
+        *("--notebook", "/notebooks/distributed.ipynb", "--data", "sample"),
+        *("--subset", "512", "128", "--epochs", "1", "--batch-size", "64"),
+        options=("-v", f"{tmp_path}:/notebooks:ro"),
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "on 2 processes (gloo, cpu)" in proc.stdout

@@ -1,6 +1,7 @@
 """Outside code scores what a teacher would give it, on any machine.
 
-The submissions in tests/outside/ are written in the habits of each edition of the book
+The submissions in tests/outside/ are written in the habits of each edition of the book,
+and, for the distributed notebook the book has no section for, of PyTorch's own tutorials
 (see its README). Each gets full marks but for its deliberate slips, and each slip costs
 only the check about it. The grade is the same with stand-in devices and with
 DPLAB_DEVICES=cpu, and, where there is a GPU, with the GPU and without it.
@@ -30,13 +31,29 @@ SLIPS = {
         "try_all_gpus": {"gives_the_cpu_when_there_is_no_gpu"},
         "train_dataparallel": {"puts_the_net_on_the_first_device_before_wrapping"},
     },
+    "pytorch_tutorial": {
+        "ring_allreduce": {"each_rank_sends_two_n_minus_one_chunks"},
+        "average_gradients": {"skips_frozen_parameters"},
+        "average_gradients_bucketed": {"buckets_start_from_the_last_parameter"},
+        "evaluate_accuracy_distributed": {"evaluates_in_eval_mode"},
+    },
 }
+BOOK = ("d2l_zh_2_0", "d2l_en_1_0")
+
+
+def notebooks_of(edition: str) -> list[str]:
+    """Return the notebooks an edition's submission hands in (those it has a script for)."""
+    return [
+        nb
+        for nb in MANIFEST.notebooks
+        if (OUTSIDE / edition / nb.replace(".ipynb", ".py")).exists()
+    ]
 
 
 def write_class(root):
     """Write each edition's submission as a student folder of notebooks under `root`."""
     for edition in SLIPS:
-        for notebook in MANIFEST.notebooks:
+        for notebook in notebooks_of(edition):
             script = OUTSIDE / edition / notebook.replace(".ipynb", ".py")
             notebook_from_script(script, root / edition / MANIFEST.assignment / notebook)
     return root
@@ -56,10 +73,17 @@ def grade(root, **env) -> dict:
     return {s["id"]: s for s in json.loads(out.read_text())["submissions"]}
 
 
-def failed(sub) -> dict[str, set[str]]:
-    """Return, per exercise, the names of the checks that failed (exercises with none left out)."""
+def handed_in(sub, edition: str) -> list[dict]:
+    """Return the exercises of the notebooks the edition's submission hands in."""
+    notebooks = notebooks_of(edition)
+    return [e for e in sub["exercises"] if MANIFEST.exercise(e["name"]).notebook in notebooks]
+
+
+def failed(sub, edition: str) -> dict[str, set[str]]:
+    """Return, per exercise handed in, the names of the checks that failed (exercises with
+    none left out)."""
     found = {}
-    for e in sub["exercises"]:
+    for e in handed_in(sub, edition):
         names = {c["name"] for c in e["checks"] if not c["passed"]}
         if names:
             found[e["name"]] = names
@@ -83,19 +107,20 @@ def on_the_cpu(tmp_path_factory):
 @pytest.mark.parametrize("edition", sorted(SLIPS))
 def test_each_slip_costs_only_its_own_check(on_stand_ins, edition):
     sub = on_stand_ins[edition]
+    exercises = handed_in(sub, edition)
     messages = {
         (e["name"], c["name"]): c["message"]
-        for e in sub["exercises"]
+        for e in exercises
         for c in e["checks"]
         if not c["passed"]
     }
-    assert failed(sub) == SLIPS[edition], messages
-    lost = sum(c["max_points"] for e in sub["exercises"] for c in e["checks"] if not c["passed"])
-    assert sub["score"] == MANIFEST.max_score - lost
+    assert failed(sub, edition) == SLIPS[edition], messages
+    lost = sum(c["max_points"] for e in exercises for c in e["checks"] if not c["passed"])
+    assert sub["score"] == sum(e["max_score"] for e in exercises) - lost
 
 
 def test_the_books_cuda_synchronize_runs_on_stand_ins(on_stand_ins):
-    for sub in on_stand_ins.values():
+    for sub in (on_stand_ins[edition] for edition in BOOK):
         loop = next(e for e in sub["exercises"] if e["name"] == "train_loop")
         passed = {c["name"] for c in loop["checks"] if c["passed"]}
         assert {"visits_every_batch_once_per_epoch", "accuracy_rises_above_chance"} <= passed
@@ -107,8 +132,18 @@ def test_the_chinese_summary_line_counts_as_the_books(on_stand_ins):
 
 
 def test_the_final_training_calls_are_not_run(on_stand_ins):
-    for sub in on_stand_ins.values():
-        assert any("did not run this call of train(...)" in n for n in sub["notes"])
+    for edition in BOOK:
+        assert any(
+            "did not run this call of train(...)" in n for n in on_stand_ins[edition]["notes"]
+        )
+
+
+def test_launches_at_the_top_level_are_not_run_and_cost_nothing(on_stand_ins):
+    """The tutorial-style notebook launches a demo and its training run at the top level: the
+    grader runs neither, and notes nothing against them."""
+    sub = on_stand_ins["pytorch_tutorial"]
+    assert [n for n in sub["notes"] if "distributed.ipynb" in n] == []
+    assert failed(sub, "pytorch_tutorial") == SLIPS["pytorch_tutorial"]
 
 
 def test_the_grade_is_the_same_with_dplab_devices_cpu(on_stand_ins, on_the_cpu):
@@ -123,4 +158,4 @@ def test_the_grade_is_the_same_with_the_gpu_and_without(tmp_path):
     without = grade(write_class(tmp_path / "cpu"), DPLAB_DEVICES="auto", CUDA_VISIBLE_DEVICES="")
     for edition in SLIPS:
         assert verdicts(with_gpus[edition]) == verdicts(without[edition]), edition
-        assert failed(with_gpus[edition]) == SLIPS[edition]
+        assert failed(with_gpus[edition], edition) == SLIPS[edition]
