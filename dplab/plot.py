@@ -58,6 +58,7 @@ class Animator:
         self.X: list[list[float]] | None = None
         self.Y: list[list[float]] | None = None
         self.inline = _in_notebook()
+        self._warned = False
         self.path = Path(save_to) if save_to else figure_path(ylabel or "animator")
         self._handle = None
 
@@ -94,8 +95,21 @@ class Animator:
         if self.inline:
             self._show_inline()
         else:
+            self._save()
+
+    def _save(self) -> None:
+        """Save the figure; where that is refused, say so once and let the training go on."""
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fig.savefig(self.path)
+        except OSError as error:
+            if not self._warned:
+                self._warned = True
+                print(
+                    f"dplab: cannot save the plot to {self.path} ({error.strerror}); "
+                    "set DPLAB_FIGURE_DIR to a folder you may write to",
+                    file=sys.stderr,
+                )
 
     def _show_inline(self) -> None:
         from IPython.display import Image, display

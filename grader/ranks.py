@@ -165,8 +165,11 @@ def in_every_size(body: Callable[[int], Callable[[], Any]], sizes=WORLD_SIZES) -
     groups side by side; return a record per group (see `group_record`), smallest first.
     Together the groups may use the case's processor-time limit (CPU_SECONDS outside a
     grade). A stub stops the case as it would anywhere else."""
+    from grader.sandbox.fence import NO_LOOPBACK, loopback_is_up
     from grader.sandbox.runner import case_seconds
 
+    if not loopback_is_up():  # the grader's fence, not the student: say so, and how to fix it
+        raise RuntimeError(NO_LOOPBACK)
     groups = []
     launched = launch_each(
         [(body(n), n) for n in sizes],

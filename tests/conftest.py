@@ -51,8 +51,8 @@ SLOW_FIXTURES = {
 # The modules that take longest, longest first: run side by side (make test's two workers,
 # one module to a worker at a time), they start first, so that the workers finish together.
 LONGEST_FIRST = [
-    "test_nbgrader",
     "test_notebook_runs",
+    "test_nbgrader",
     "test_limits",
     "test_mistakes",
     "test_distributed_grading",

@@ -1,12 +1,16 @@
 """The notebooks run end to end in a real Jupyter kernel, on the CPU and the embedded sample.
 
-Each reference notebook runs once, the first two on four stand-in devices (or the real GPUs
-where there are two or more): the book's demos, which use two devices, the check cells and
-the training on every device are all judged from that one run. The distributed notebook
-starts its process groups from the kernel, on gloo (or NCCL with a GPU per process). nbgrader's tests run them on the default
-two. How long they take is for `make bench-notebooks`, which prints it; no test asserts it.
+The reference notebooks run once each, the way an instructor runs them: one student hands in
+the reference answers in every notebook and nbgrader autogrades them (tests/nbgrader_course.py),
+on four stand-in devices (or the real GPUs where there are two or more). The book's demos,
+which use two devices, the check cells, the training on every device, and the scores in the
+kernel, the grader's report and the gradebook are all judged from that one run. The
+distributed notebook starts its process groups from the kernel, on gloo (or NCCL with a GPU
+per process). The released stubs run in a kernel of their own. How long the notebooks take
+is for `make bench-notebooks`, which prints it; no test asserts it.
 """
 
+import csv
 import os
 
 import nbformat
@@ -14,20 +18,28 @@ import pytest
 import torch
 from nbclient import NotebookClient
 
+from grader.authoring import reference_answers
 from grader.manifest import load_manifest
-from tests.conftest import EXERCISES, SOLUTIONS
+from tests.conftest import EXERCISES
+from tests.nbgrader_course import (
+    STAND_INS,
+    Course,
+    fenced_scores,
+    gradebook_scores,
+    run_course,
+)
 
 MANIFEST = load_manifest()
 
 
-def execute(path, tmp_path, allow_errors=False, stand_ins=2):
+def execute(path, tmp_path, allow_errors=False):
     """Run a copy of the notebook in a fresh kernel; return it with its outputs."""
     nb = nbformat.read(path, as_version=4)
     env = {
         "DPLAB_DATA_SOURCE": "sample",
         "DPLAB_OFFLINE": "1",
         "DPLAB_FIGURE_DIR": str(tmp_path),
-        "DPLAB_STAND_INS": str(stand_ins),
+        "DPLAB_STAND_INS": "2",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -74,25 +86,47 @@ def score_of(cell) -> float | None:
 
 
 ON_GPUS = torch.cuda.device_count() >= 2
-STAND_INS = 4  # more than the book's two, to show that nothing assumes two
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("scratch")
-    return execute(SOLUTIONS / "from_scratch.ipynb", folder, stand_ins=STAND_INS)
+def course(tmp_path_factory) -> Course:
+    """The reference answers in every notebook, handed in by one student and autograded."""
+    answers = {nb: reference_answers(nb) for nb in MANIFEST.notebooks}
+    return run_course(tmp_path_factory.mktemp("course"), {"alice": answers})
 
 
 @pytest.fixture(scope="module")
-def concise(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("concise")
-    return execute(SOLUTIONS / "concise.ipynb", folder, stand_ins=STAND_INS)
+def scratch(course):
+    return course.autograded("alice", "from_scratch.ipynb")
 
 
 @pytest.fixture(scope="module")
-def distributed(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("distributed")
-    return execute(SOLUTIONS / "distributed.ipynb", folder)
+def concise(course):
+    return course.autograded("alice", "concise.ipynb")
+
+
+@pytest.fixture(scope="module")
+def distributed(course):
+    return course.autograded("alice", "distributed.ipynb")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
+def test_the_reference_runs_without_an_error(which, request):
+    nb = request.getfixturevalue(which)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
+
+
+@pytest.mark.slow
+def test_the_kernels_and_the_grader_give_the_reference_full_marks(course):
+    full = {ex.id: float(ex.points) for ex in MANIFEST.exercises}
+    assert course.kernel["alice"] == full
+    assert fenced_scores(course, "alice") == full
+    assert gradebook_scores(course.path, ["alice"])["alice"] == full
+    with (course.path / "grades.csv").open() as f:
+        (row,) = csv.DictReader(f)
+    assert float(row["score"]) == float(row["max_score"]) == MANIFEST.max_score
 
 
 @pytest.mark.slow

@@ -255,6 +255,16 @@ def test_animator_saves_a_png_when_there_is_no_screen(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_that_cannot_be_saved_warns_once_and_training_goes_on(tmp_path, capsys):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    animator = dplab.Animator("epoch", "test acc", save_to=tmp_path / "taken" / "curve.png")
+    for epoch in range(3):
+        animator.add(epoch + 1, (0.5,))
+    assert animator.Y == [[0.5, 0.5, 0.5]]
+    said = capsys.readouterr().err
+    assert said.count("cannot save the plot") == 1 and "DPLAB_FIGURE_DIR" in said
+
+
 # ---- Fashion-MNIST ----------------------------------------------------------------------
 
 
