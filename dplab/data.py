@@ -9,6 +9,8 @@ Where the images come from, in order:
 5. the small sample shipped inside this package, so that everything works offline.
 
 `DPLAB_DATA_SOURCE=sample` (or `full`) overrides the default choice, "auto".
+`DPLAB_DATA_LIMIT=TRAIN,TEST` keeps only the first TRAIN training and TEST test images of
+whichever set is used: for quick runs of whole notebooks, such as the lab's own tests.
 
 `load_data_fashion_mnist` keeps the decoded images in memory as one uint8 tensor and cuts
 minibatches out of it by index: no per-image PIL work, no worker processes.
@@ -20,7 +22,7 @@ import math
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -177,7 +179,48 @@ def embedded_sample() -> FashionMNIST:
 def fashion_mnist(path: str | Path | None = None, source: str | None = None) -> FashionMNIST:
     """Return the decoded set. `source` is "auto" (full set if found, else the sample),
     "full" (the full set or an error listing what was tried) or "sample"; by default it is
-    `$DPLAB_DATA_SOURCE`, else "auto"."""
+    `$DPLAB_DATA_SOURCE`, else "auto". `$DPLAB_DATA_LIMIT` may keep only its first images."""
+    return _limited(_chosen(path, source))
+
+
+def data_limit() -> tuple[int, int] | None:
+    """Return (train, test) from `$DPLAB_DATA_LIMIT` ("TRAIN,TEST"), or None when unset."""
+    text = os.environ.get("DPLAB_DATA_LIMIT", "").strip()
+    if not text:
+        return None
+    try:
+        train, test = (int(part) for part in text.split(","))
+    except ValueError:
+        train = test = 0
+    if train < 1 or test < 1:
+        raise ValueError(
+            f"DPLAB_DATA_LIMIT must be two whole numbers above zero, TRAIN,TEST (such as "
+            f"512,256), not {text!r}: set it so, or unset it to use every image"
+        )
+    return train, test
+
+
+def _limited(data: FashionMNIST) -> FashionMNIST:
+    """Keep the first images that `$DPLAB_DATA_LIMIT` allows, saying so once."""
+    limit = data_limit()
+    if limit is None or (limit[0] >= len(data.train_labels) and limit[1] >= len(data.test_labels)):
+        return data
+    train, test = limit
+    kept = replace(
+        data,
+        train_images=data.train_images[:train],
+        train_labels=data.train_labels[:train],
+        test_images=data.test_images[:test],
+        test_labels=data.test_labels[:test],
+    )
+    _announce(
+        f"Fashion-MNIST: keeping the first {len(kept.train_labels):,} training and "
+        f"{len(kept.test_labels):,} test images, as DPLAB_DATA_LIMIT asks."
+    )
+    return kept
+
+
+def _chosen(path: str | Path | None, source: str | None) -> FashionMNIST:
     source = source or os.environ.get("DPLAB_DATA_SOURCE", "auto")
     if source not in ("auto", "full", "sample"):
         raise ValueError(f'source must be "auto", "full" or "sample", not {source!r}')

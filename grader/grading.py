@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from grader.judge.registry import exercise_checks
+from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.timing import time_against_the_reference
 from grader.judge.verdicts import judge_reported
 from grader.load.reference import available, reference
@@ -67,13 +67,18 @@ def grade_submission(
     limits: Limits | None = None,
     threads: int | None = None,
     phases: Phases | None = None,
+    only_checks: set[str] | None = None,
 ) -> SubmissionResult:
     """Grade one submission end to end and return its result (adding the time each phase
-    took to `phases`, if given)."""
+    took to `phases`, if given). `only_checks` keeps the checks of these names (and those
+    they come after), and runs only their cases."""
     sub_seed = submission_seed(sub.id, seed)
     limits = limits or Limits()
     threads = threads or default_threads()
-    checks = {ex.id: exercise_checks(ex, include_hidden=hidden) for ex in sub.exercises}
+    checks = {
+        ex.id: narrowed(exercise_checks(ex, include_hidden=hidden), only_checks)
+        for ex in sub.exercises
+    }
     if hidden:  # load the references the judging needs while the children run
         prefetch_references(sub)
     collected = run_isolated(sub, checks, sub_seed, limits, threads, phases)

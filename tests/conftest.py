@@ -12,7 +12,7 @@ from dplab import sim
 from dplab.devices import grading_devices, remove_cuda_shims
 from grader.api import Context, Student
 from grader.grading import DEVICES, grade_path
-from grader.judge.registry import diagnoser, exercise_checks
+from grader.judge.registry import diagnoser, exercise_checks, narrowed
 from grader.judge.verdicts import judge_exercise
 from grader.load.notebook import load_notebook, read_cells
 from grader.load.reference import reference
@@ -26,6 +26,10 @@ os.environ["DPLAB_OFFLINE"] = "1"
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 SOLUTIONS = REPO / "solutions" / load_manifest().assignment
+# Notebooks run whole in the tests train on the first images of the embedded sample only: the
+# tests judge that training runs on every device and prints the book's lines, not how well it
+# learns, and the sample's 4,000 images made the final training calls most of the suite's time.
+NOTEBOOK_DATA_LIMIT = "512,256"
 EXERCISES = REPO / "exercises" / load_manifest().assignment
 
 
@@ -116,30 +120,36 @@ def fresh_solution(notebook: str) -> dict:
     ).namespace
 
 
-def grade_in_process(ex: Exercise, namespace: dict, seed: int = 0) -> ExerciseResult:
-    """Run an exercise's public and hidden checks on a namespace, in this process."""
-    checks = exercise_checks(ex, include_hidden=True)
+def grade_in_process(
+    ex: Exercise, namespace: dict, seed: int = 0, only: set[str] | None = None
+) -> ExerciseResult:
+    """Run an exercise's public and hidden checks (or the `only` ones, and those they come
+    after) on a namespace, in this process."""
+    checks = narrowed(exercise_checks(ex, include_hidden=True), only)
     known = reference(ex.notebook)
     ctx = Context(seed, grading_devices(DEVICES), known)
     outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
 
 
-def grade_source(ex: Exercise, source: str, seed: int = 0) -> ExerciseResult:
+def grade_source(
+    ex: Exercise, source: str, seed: int = 0, only: set[str] | None = None
+) -> ExerciseResult:
     """Grade an exercise of the reference notebook with `source` run after its cells (a
-    catalogued mistake, say). In this process, as `grade_in_process`, unless the exercise's
-    checks start process groups and this process can no longer fork ranks that run backward
-    (autograd's threads, started by earlier tests on stand-ins): then the grader grades the
-    notebook in a fenced child of its fork server, as it grades a class."""
+    catalogued mistake, say), on all its checks or the `only` ones. In this process, as
+    `grade_in_process`, unless the exercise's checks start process groups and this process
+    can no longer fork ranks that run backward (autograd's threads, started by earlier tests
+    on stand-ins): then the grader grades the notebook in a fenced child of its fork server,
+    as it grades a class."""
     if starts_processes(ex) and autograd_threads_started():
         with tempfile.TemporaryDirectory(prefix="variant-") as tmp:
             folder = Path(tmp) / "variant" / load_manifest().assignment
             write_notebook(folder / ex.notebook, *read_cells(SOLUTIONS / ex.notebook), source)
-            (result,) = grade_path(folder, [ex.id], seed=seed).exercises
+            (result,) = grade_path(folder, [ex.id], seed=seed, only_checks=only).exercises
             return result
     namespace = fresh_solution(ex.notebook)
     exec(compile(source, f"<variant of {ex.id}>", "exec"), namespace)
-    return grade_in_process(ex, namespace, seed)
+    return grade_in_process(ex, namespace, seed, only)
 
 
 def python() -> str:

@@ -19,7 +19,7 @@ import nbformat
 
 from grader.authoring import filled_in
 from grader.manifest import REPO, load_manifest
-from tests.conftest import SOLUTIONS, python
+from tests.conftest import NOTEBOOK_DATA_LIMIT, SOLUTIONS, python
 
 MANIFEST = load_manifest()
 ASSIGNMENT = MANIFEST.assignment
@@ -42,6 +42,7 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(
         os.environ,
         DPLAB_DATA_SOURCE="sample",
+        DPLAB_DATA_LIMIT=NOTEBOOK_DATA_LIMIT,
         DPLAB_OFFLINE="1",
         DPLAB_STAND_INS=str(STAND_INS),
         DPLAB_FIGURE_DIR=str(course / "figures"),

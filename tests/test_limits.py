@@ -37,11 +37,22 @@ def messages(sub, exercise) -> str:
     )
 
 
+LOADED_EXERCISES = (
+    "train_batch",
+    "train_loop",
+    "train_dataparallel",
+    "ring_allreduce",
+    "train_ddp",
+)
+
+
 def test_the_reference_keeps_full_marks_on_a_loaded_machine(tmp_path):
     """Four busy loops, each in a session of its own, load the two cores while the reference
     solutions are graded two submissions at a time (three processes or more to a core): the
     first two notebooks in one, the distributed notebook (whose process groups must not look
-    deadlocked when starved) in the other."""
+    deadlocked when starved) in the other. The exercises graded are those that compute the
+    most, the trainings and the ring's many process groups: the ones a starved child could
+    make look stuck, or slower than the reference."""
     for name, notebooks in (
         ("first", ["from_scratch.ipynb", "concise.ipynb"]),
         ("second", ["distributed.ipynb"]),
@@ -60,7 +71,8 @@ def test_the_reference_keeps_full_marks_on_a_loaded_machine(tmp_path):
         for _ in range(4)
     ]
     try:
-        report = grade(tmp_path / "class", "--jobs", "2", timeout=3000)
+        only = [arg for ex in LOADED_EXERCISES for arg in ("-e", ex)]
+        report = grade(tmp_path / "class", "--jobs", "2", *only, timeout=3000)
     finally:
         for loop in loops:
             loop.kill()
@@ -76,7 +88,9 @@ def test_the_reference_keeps_full_marks_on_a_loaded_machine(tmp_path):
         ]
         assert failed == []
         assert sub["score"] == sum(
-            ex.points for ex in MANIFEST.exercises if ex.notebook in handed_in
+            ex.points
+            for ex in MANIFEST.exercises
+            if ex.notebook in handed_in and ex.id in LOADED_EXERCISES
         )
 
 

@@ -37,7 +37,10 @@ def test_the_seed_mistakes_are_catalogued():
 
 @pytest.mark.parametrize(("exercise", "name", "mistake"), CATALOGUE)
 def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
-    result = grade_source(exercise, mistake.source)
+    """Graded on the check that should catch it (and those it comes after) alone, so that only
+    their cases run. Whole exercises are graded with catalogued mistakes in
+    tests/test_nbgrader.py (the first notebook's) and in `make bench-grade` (all of them)."""
+    result = grade_source(exercise, mistake.source, only={mistake.fails})
     verdicts = {c.name: c for c in result.checks}
     assert mistake.fails in verdicts, f"{mistake.fails} is not a check of {exercise.id}"
     verdict = verdicts[mistake.fails]

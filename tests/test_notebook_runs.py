@@ -20,7 +20,7 @@ from nbclient import NotebookClient
 
 from grader.authoring import reference_answers
 from grader.manifest import load_manifest
-from tests.conftest import EXERCISES
+from tests.conftest import EXERCISES, NOTEBOOK_DATA_LIMIT
 from tests.nbgrader_course import (
     STAND_INS,
     Course,
@@ -37,6 +37,7 @@ def execute(path, tmp_path, allow_errors=False):
     nb = nbformat.read(path, as_version=4)
     env = {
         "DPLAB_DATA_SOURCE": "sample",
+        "DPLAB_DATA_LIMIT": NOTEBOOK_DATA_LIMIT,
         "DPLAB_OFFLINE": "1",
         "DPLAB_FIGURE_DIR": str(tmp_path),
         "DPLAB_STAND_INS": "2",

@@ -292,6 +292,26 @@ def test_resize_gives_bigger_images():
     assert next(iter(train_iter))[0].shape == (8, 1, 96, 96)
 
 
+def test_a_data_limit_keeps_the_first_images_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(fm, "_announced", set())
+    monkeypatch.setenv("DPLAB_DATA_LIMIT", "512,128")
+    train_iter, test_iter = dplab.load_data_fashion_mnist(64, source="sample")
+    train_set, test_set = dplab.fashion_mnist_datasets(source="sample")
+    assert len(train_iter) == 8 and len(test_iter) == 2
+    assert (len(train_set), len(test_set)) == (512, 128)
+    full = fm.embedded_sample()
+    assert torch.equal(train_iter.labels, full.train_labels[:512])
+    said = capsys.readouterr().out
+    assert said.count("keeping the first 512 training and 128 test images") == 1
+
+
+@pytest.mark.parametrize("value", ["512", "0,10", "a lot,5"])
+def test_a_data_limit_that_is_not_two_counts_is_explained(monkeypatch, value):
+    monkeypatch.setenv("DPLAB_DATA_LIMIT", value)
+    with pytest.raises(ValueError, match="TRAIN,TEST"):
+        dplab.load_data_fashion_mnist(64, source="sample")
+
+
 @pytest.fixture
 def nowhere(tmp_path, monkeypatch):
     """A machine with no copy of Fashion-MNIST anywhere."""

@@ -56,6 +56,25 @@ def exercise_checks(exercise: Exercise, include_hidden: bool) -> list[Check]:
     return public_checks(exercise) + (hidden_checks(exercise) if include_hidden else [])
 
 
+def narrowed(checks: list[Check], names: set[str] | None) -> list[Check]:
+    """Return the checks named in `names` and those they must pass `after`, in their order
+    (all of them when `names` is None): grading only these runs only their cases."""
+    if names is None:
+        return checks
+    by_name = {c.name: c for c in checks}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        raise ValueError(f"no check called {', '.join(unknown)}; the checks are {sorted(by_name)}")
+    wanted: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += [n for n in by_name[name].after if n in by_name]
+    return [c for c in checks if c.name in wanted]
+
+
 def diagnoser(exercise: Exercise):
     """Return the exercise's function that turns an exception into a hint (or None)."""
     modules = [m for m in (_module(exercise.checks), _module(exercise.hidden)) if m is not None]
