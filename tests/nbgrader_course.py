@@ -76,11 +76,14 @@ def gradebook_scores(course: Path, students) -> dict[str, dict[str, float]]:
 
 
 def run_course(
-    course: Path, submissions: dict[str, dict[str, dict[str, str]]], extra: dict | None = None
+    course: Path,
+    submissions: dict[str, dict[str, dict[str, str]]],
+    extra: dict | None = None,
+    feedback: bool = True,
 ) -> Course:
     """Take `submissions` ({student: {notebook: {cell id: source}}}, answers filled into the
     released notebooks) and `extra` ({student: {notebook: notebook as JSON}}) through the
-    workflow."""
+    workflow (without generate_feedback if `feedback` is False)."""
     shutil.copy(REPO / "nbgrader_config.py", course)
     shutil.copytree(SOLUTIONS, course / "solutions" / ASSIGNMENT)
     nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
@@ -97,7 +100,8 @@ def run_course(
     students = sorted({*submissions, *(extra or {})})
     nbgrader(course, "autograde", ASSIGNMENT, "--force")
     kernel = gradebook_scores(course, students)
-    nbgrader(course, "generate_feedback", ASSIGNMENT, "--force")
+    if feedback:
+        nbgrader(course, "generate_feedback", ASSIGNMENT, "--force")
     out = course / "grader.json"
     proc = subprocess.run(
         [

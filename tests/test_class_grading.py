@@ -1,4 +1,5 @@
-"""Grading a class: exports in their formats, progress, resuming, and nothing lost on Ctrl-C."""
+"""Grading a class: full marks for the reference and none for the stubs, the report and the
+exports in their formats, progress, resuming, and nothing lost on Ctrl-C."""
 
 import csv
 import io
@@ -57,6 +58,49 @@ def exported(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr
     return root, proc
+
+
+@pytest.fixture(scope="module")
+def report(exported):
+    """The report of the class above: ann's reference solutions, then ben's released stubs."""
+    root, _ = exported
+    return json.loads((root / "r.json").read_text())["submissions"]
+
+
+def test_reference_solutions_get_full_marks(report):
+    solutions = report[0]
+    assert solutions["max_score"] == MANIFEST.max_score
+    assert solutions["score"] == solutions["max_score"], [
+        (e["name"], c["name"], c["message"])
+        for e in solutions["exercises"]
+        for c in e["checks"]
+        if not c["passed"]
+    ]
+
+
+def test_stubs_score_zero_on_every_check(report):
+    stubs = report[1]
+    assert stubs["score"] == 0
+    assert stubs["max_score"] == MANIFEST.max_score
+    for exercise in stubs["exercises"]:
+        for check in exercise["checks"]:
+            assert not check["passed"]
+            assert "not written yet" in check["message"] or "not judged until" in check["message"]
+
+
+def test_report_has_the_documented_fields(report):
+    for submission in report:
+        assert {"id", "score", "max_score", "exercises"} <= submission.keys()
+        assert [e["name"] for e in submission["exercises"]] == [ex.id for ex in MANIFEST.exercises]
+        for exercise in submission["exercises"]:
+            assert {"name", "score", "max_score", "checks"} <= exercise.keys()
+            assert exercise["max_score"] == MANIFEST.exercise(exercise["name"]).points
+            for check in exercise["checks"]:
+                assert {"name", "passed", "points", "message", "hint"} <= check.keys()
+
+
+def test_submission_ids_come_from_folder_names(report):
+    assert [s["id"] for s in report] == ["ann", "ben"]
 
 
 def test_gradescope_files_follow_the_documented_fields(exported):
