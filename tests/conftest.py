@@ -56,17 +56,17 @@ SLOW_FIXTURES = {
 # one module to a worker at a time), they start first, so that the workers finish together.
 LONGEST_FIRST = [
     "test_notebook_runs",
-    "test_nbgrader",
-    "test_limits",
-    "test_mistakes",
     "test_distributed_grading",
     "test_hostile",
     "test_class_grading",
-    "test_outside_code",
+    "test_limits",
+    "test_nbgrader",
     "test_seeds",
-    "test_grading",
-    "test_distributed",
     "test_readme",
+    "test_mistakes",
+    "test_outside_code",
+    "test_distributed",
+    "test_grading",
 ]
 
 
