@@ -1,4 +1,5 @@
-"""The notebooks run end to end in a real Jupyter kernel, on the CPU and the embedded sample.
+"""The notebooks run end to end in a real Jupyter kernel, on the CPU and the first images of
+the embedded sample (DPLAB_DATA_LIMIT, tests/conftest.py).
 
 The reference notebooks run once each, the way an instructor runs them: one student hands in
 the reference answers in every notebook and nbgrader autogrades them (tests/nbgrader_course.py),
