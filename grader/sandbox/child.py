@@ -16,6 +16,7 @@ before the exercises it holds have been judged.
 import builtins
 import os
 import sys
+import time
 from pathlib import Path
 from types import FunctionType, ModuleType
 
@@ -134,6 +135,7 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
             channel.send("loading", notebook=ex.notebook)
             try:
                 skip = frozenset(tuple(s) for s in request["skip"].get(ex.notebook, []))
+                load_started = time.perf_counter()
                 result = load_notebook(
                     Path(request["notebooks"][ex.notebook]),
                     manifest.training_functions,
@@ -145,7 +147,12 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
                     ),
                 )
                 loaded[ex.notebook] = result.namespace
-                channel.send("loaded", notebook=ex.notebook, notes=result.notes)
+                channel.send(
+                    "loaded",
+                    notebook=ex.notebook,
+                    notes=result.notes,
+                    seconds=time.perf_counter() - load_started,
+                )
             except NotebookError as error:
                 loaded[ex.notebook] = error
                 channel.send("loaded", notebook=ex.notebook, notes=[str(error)], failed=True)
