@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from grader.judge.registry import exercise_checks, narrowed
 from grader.manifest import load_manifest
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
@@ -72,3 +73,13 @@ def test_mistakes_lists_the_catalogue():
         "| `allreduce` | rebinds list entries | `writes_into_the_tensors_it_was_given` |"
         in proc.stdout
     )
+
+
+def test_narrowing_to_one_check_keeps_the_checks_it_comes_after():
+    checks = exercise_checks(MANIFEST.exercise("allreduce"), include_hidden=True)
+    after = next(c for c in checks if c.after)
+    kept = narrowed(checks, {after.name})
+    assert {c.name for c in kept} == {after.name, *after.after}
+    assert narrowed(checks, None) == checks
+    with pytest.raises(ValueError, match="no check called nope"):
+        narrowed(checks, {"nope"})
