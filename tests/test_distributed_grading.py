@@ -2,9 +2,9 @@
 
 A class of distributed notebooks is graded in one run of the command line, two at a time.
 Each student breaks one thing; each test looks at one student. (The reference's full marks in
-the fence, side by side with another submission, are tests/test_class_grading.py's.) The fence lets the lab's
-launcher fork the ranks of a group and lets them talk over the child's own loopback, and
-nothing more.
+the fence, side by side with another submission, are tests/test_class_grading.py's.) The
+fence lets the lab's launcher fork the ranks of a group and lets them talk over the child's
+own loopback, and nothing more.
 """
 
 import json

@@ -18,6 +18,7 @@ a statement of a notebook is skipped on the next load; a case gets the reason an
 exercise goes on without it; an exercise that stopped between cases gets the reason.
 """
 
+import math
 import os
 import secrets
 import select
@@ -481,8 +482,8 @@ def phase_seconds(said: object, now: float, watch: Watch) -> float:
     in one read (a busy machine), what the child says it took. Only `make bench-grade` reads
     the phases, never a grade, so the child's word is taken, within the child's lifetime."""
     seen = now - watch.phase_started
-    if isinstance(said, int | float) and not isinstance(said, bool) and said == said:
-        return max(seen, min(float(said), now - watch.started), 0.0)
+    if isinstance(said, int | float) and math.isfinite(said):
+        seen = max(seen, min(float(said), now - watch.started))
     return max(seen, 0.0)
 
 
