@@ -24,6 +24,7 @@ import faulthandler
 import importlib
 import os
 import pickle
+import select
 import shutil
 import signal
 import sys
@@ -189,7 +190,7 @@ def _quiet_notebook_parts() -> None:
         sys.modules["matplotlib.pyplot"].switch_backend("Agg")
 
 
-def _run_rank(
+def _one_run(
     fn: Callable,
     args: tuple,
     kwargs: dict,
@@ -198,9 +199,9 @@ def _run_rank(
     backend: str,
     folder: Path,
     init_timeout: float,
-) -> None:
-    """Body of a forked rank: join the group, call fn, leave the result; never returns."""
-    code = 0
+) -> int:
+    """In a rank: join a new group that meets in `folder`, call fn and leave its result (or
+    its error) there, then wait for every rank to finish. Return 0, or 1 if fn raised."""
     try:
         log = os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(log, 1)
@@ -242,28 +243,105 @@ def _run_rank(
         # skipped a call the others make waits here, and the parent says so.
         store.set(f"finished/{rank}", "1")
         store.wait([f"finished/{r}" for r in range(world)])
+        return 0
     except BaseException as error:  # the parent reports it, naming this rank
-        code = 1
-        trace = traceback.format_exc()
-        try:
-            with open(folder / f"rank{rank}.error", "wb") as f:
-                pickle.dump((type(error).__name__, str(error), trace), f)
-        except Exception:
-            print(trace, file=sys.__stderr__)
+        _leave_error(folder, rank, error)
+        return 1
     finally:
-        try:
+        with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        finally:
-            os._exit(code)  # the group ends with the process (tearing it down costs 30 ms)
 
 
-def _fork_rank(*arguments: Any) -> int:
-    """Fork one rank (see `_run_rank`); return its process id. The grading fence lets this
-    function, and no other, start processes (grader.sandbox.fence)."""
+def _leave_error(folder: Path, rank: int, error: BaseException) -> None:
+    """Leave the error a rank met where the parent looks for it."""
+    trace = traceback.format_exc()
+    try:
+        with open(folder / f"rank{rank}.error", "wb") as f:
+            pickle.dump((type(error).__name__, str(error), trace), f)
+    except Exception:
+        print(trace, file=sys.__stderr__)
+
+
+def _run_rank(*arguments: Any) -> None:
+    """Body of a forked rank: one run (see `_one_run`), then the process ends."""
+    code = 1
+    try:
+        code = _one_run(*arguments)
+    finally:
+        os._exit(code)  # the group ends with the process (tearing it down costs 30 ms)
+
+
+def _serve_rank(
+    commands: int,
+    ready: int,
+    rank: int,
+    world: int,
+    backend: str,
+    init_timeout: float,
+    still_clean: Callable | None,
+) -> None:
+    """Body of a rank that stays (see `RankPool`): run each order read from `commands`, each in
+    a new group, mark it done, leave the group, and say so on `ready`; never returns. A rank
+    whose function raised ends; so does one that the test made by `still_clean()` finds
+    changed by the run (the test returns False: the run stands; it raises: the run fails with
+    its error)."""
+    code = 1
+    try:
+        clean = still_clean() if still_clean is not None else (lambda: True)
+        while True:
+            order = _read_order(commands)
+            if order is None:  # the pool has closed
+                code = 0
+                break
+            folder, fn, args, kwargs = Path(order[0]), *order[1:]
+            code = _one_run(fn, args, kwargs, rank, world, backend, folder, init_timeout)
+            if code:
+                break
+            try:
+                reusable = clean()
+            except Exception as error:
+                _leave_error(folder, rank, error)
+                code = 1
+                break
+            # "done", or "last" for a rank that stands down (the next order goes to new ranks)
+            (folder / f"rank{rank}.{'done' if reusable else 'last'}").touch()
+            if not reusable:
+                code = 0
+                break
+            if torch.distributed.is_initialized():  # after the run: it cannot hold the run up
+                torch.distributed.destroy_process_group()
+            os.write(ready, b"r")
+    finally:
+        os._exit(code)
+
+
+def _read_order(fd: int) -> tuple | None:
+    """Read one order (a length, then a pickle) from `fd`; None at its end."""
+    head = _read_exactly(fd, 8)
+    if head is None:
+        return None
+    body = _read_exactly(fd, int.from_bytes(head, "big"))
+    return None if body is None else pickle.loads(body)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _fork_rank(*arguments: Any, serve: bool = False) -> int:
+    """Fork one rank (see `_run_rank`, or `_serve_rank` when it is to stay); return its process
+    id. The grading fence lets this function, and no other, start processes
+    (grader.sandbox.fence)."""
     pid = os.fork()
     if pid == 0:
-        _run_rank(*arguments)
+        (_serve_rank if serve else _run_rank)(*arguments)
     return pid
 
 
@@ -689,3 +767,220 @@ def launch_each(
                 group.kill()
             raise
     return outcomes  # type: ignore[return-value]
+
+
+# ---- ranks that stay -----------------------------------------------------------------------
+
+
+class _Ranks:
+    """The processes of one group that stay, and the pipes their orders go down."""
+
+    def __init__(self, pids: list[int], pipes: list[int], readies: list[int], key: object) -> None:
+        self.pids, self.pipes, self.readies, self.key = pids, pipes, readies, key
+        self.broken = False  # a rank has ended, or was stopped: no more orders
+        self.busy = False  # an order was sent, and not every rank has said it is ready since
+
+    def ready(self, timeout: float) -> bool:
+        """Return True once every rank has left the last order's group (waiting at most
+        `timeout` seconds for them), False if one has not."""
+        deadline = time.monotonic() + timeout
+        for fd in self.readies if self.busy else []:
+            waiting, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not waiting or os.read(fd, 1) != b"r":
+                return False
+        self.busy = False
+        return True
+
+    def alive(self) -> bool:
+        if not self.broken:
+            for pid in self.pids:
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        self.broken = True
+        return not self.broken
+
+    def close(self) -> None:
+        for fd in self.pipes + self.readies:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for pid in self.pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.pids, self.pipes, self.readies, self.broken = [], [], [], True
+
+
+class _Order(_Group):
+    """The parent's view of one order carried out by ranks that stay: a rank has ended when
+    it has marked the order done, or when its process has died."""
+
+    def __init__(self, folder: Path, ranks: _Ranks) -> None:
+        super().__init__(folder, ranks.pids, show=False)
+        self.ranks = ranks
+        self.cpu_before = [processor_seconds(pid) for pid in ranks.pids]
+
+    def reap(self) -> None:
+        for rank, pid in enumerate(self.pids):
+            if rank in self.status:
+                continue
+            if (self.folder / f"rank{rank}.done").exists():
+                status = 0
+            elif (self.folder / f"rank{rank}.last").exists():
+                status = 0
+                self.ranks.broken = True
+            else:
+                try:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done, status = pid, 1 << 8
+                if not done:
+                    continue
+                self.ranks.broken = True
+                if status == 0:  # it left without marking the order done
+                    status = 1 << 8
+            self.status[rank] = status
+            self.ended.append(rank)
+            self.ended_at[rank] = time.time()
+
+    def cpu(self) -> float:
+        return sum(
+            max(0.0, processor_seconds(self.pids[r]) - self.cpu_before[r]) for r in self.running
+        )
+
+    def kill(self) -> None:
+        running = self.running
+        self.ranks.close()  # the others wait on the killed ones: none of them can go on
+        for r in running:
+            self.status.setdefault(r, signal.SIGKILL)
+
+
+class RankPool:
+    """Groups whose processes stay for many runs, one group per size: what `launch_each`
+    does, without forking afresh for each run.
+
+    Forking a process that has imported torch costs some 30 ms of processor time, and its
+    first steps more; a grader that runs many small cases in groups of 2, 3 and 4 processes
+    spends most of its time there. A pool forks each size's ranks at its first run and sends
+    them every later run. Each run is still a group of its own (a new process group, in a new
+    folder), and a run ends as under `launch_each`, with the same errors. Ranks that failed,
+    were stopped, or were changed by a run (`still_clean`, called in a rank after its fork,
+    returns the test that says so) are not used again: the next run forks new ones. So are
+    ranks forked under another `key` (say, what the forking process held then), and ranks
+    that have not left their last run's group within `ready_seconds` when the next run comes.
+
+    Functions and arguments sent to ranks that were already there must pickle: module-level
+    functions (or `functools.partial` of them) and plain data. Close the pool when done.
+    """
+
+    def __init__(
+        self,
+        still_clean: Callable[[], Callable[[], bool]] | None = None,
+        ready_seconds: float = 5.0,
+    ) -> None:
+        self.still_clean = still_clean
+        self.ready_seconds = ready_seconds
+        self.groups: dict[int, _Ranks] = {}
+        self.forks = 0  # ranks forked so far
+
+    def _ranks(self, nprocs: int, backend: str, key: object, store_timeout: float) -> _Ranks:
+        ranks = self.groups.get(nprocs)
+        # Ranks that have not left their last group within `ready_seconds` are not waited for:
+        # new ones are forked (the last run had ended well: the ranks owe nothing to it).
+        if ranks is not None and ranks.key == key and ranks.alive():
+            if ranks.ready(self.ready_seconds):
+                return ranks
+        if ranks is not None:
+            ranks.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        forked = _Ranks([], [], [], key)
+        try:
+            for rank in range(nprocs):
+                order_read, order_write = os.pipe()
+                ready_read, ready_write = os.pipe()
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        pid = _fork_rank(
+                            order_read, ready_write, rank, nprocs, backend, store_timeout,
+                            self.still_clean, serve=True,
+                        )  # fmt: skip
+                finally:
+                    os.close(order_read)
+                    os.close(ready_write)
+                forked.pids.append(pid)
+                forked.pipes.append(order_write)
+                forked.readies.append(ready_read)
+                self.forks += 1
+        except BaseException:
+            forked.close()
+            raise
+        self.groups[nprocs] = forked
+        return forked
+
+    def _send(self, ranks: _Ranks, folder: Path, fn: Callable) -> _Order:
+        order = pickle.dumps((str(folder), fn, (), {}))
+        ranks.busy = True
+        try:
+            for fd in ranks.pipes:
+                os.write(fd, len(order).to_bytes(8, "big") + order)
+        except OSError:  # a rank has gone since: these ranks are done
+            ranks.broken = True
+        return _Order(folder, ranks)
+
+    def run_each(
+        self,
+        calls: list[tuple[Callable, int]],
+        key: object = None,
+        backend: str | None = None,
+        timeout: float = 3600.0,
+        idle_timeout: float = 60.0,
+        cpu_limit: float | None = None,
+    ) -> list[Launched | LaunchError]:
+        """As `launch_each`, on this pool's ranks (forked now where there are none for a size,
+        or none forked under `key`); each size at most once per call."""
+        chosen = [_check_arguments(fn, (), nprocs, backend) for fn, nprocs in calls]
+        if len({nprocs for _, nprocs in calls}) < len(calls):
+            raise ValueError("a pool runs one group of each size at a time")
+        started = time.monotonic()
+        store_timeout = max(2 * idle_timeout, 30.0) if idle_timeout else timeout
+        outcomes: list[Launched | LaunchError | None] = [None] * len(calls)
+        with contextlib.ExitStack() as stack:
+            orders: list[_Order] = []
+            watchers = {}
+            try:
+                for i, ((fn, nprocs), backend_i) in enumerate(zip(calls, chosen, strict=True)):
+                    folder = stack.enter_context(_launch_folder())
+                    ranks = self._ranks(nprocs, backend_i, (key, backend_i), store_timeout)
+                    orders.append(self._send(ranks, folder, fn))
+                    watchers[i] = _parent_waits(orders[i], nprocs, timeout, idle_timeout, cpu_limit)
+                while watchers:
+                    for i, watcher in list(watchers.items()):
+                        try:
+                            next(watcher)
+                        except StopIteration:
+                            outcomes[i] = _results(orders[i], chosen[i], started)
+                            del watchers[i]
+                        except LaunchError as error:
+                            outcomes[i] = error
+                            del watchers[i]
+                    if watchers:
+                        _pause(started)
+            except BaseException:
+                self.close()
+                raise
+        return outcomes  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop every rank of the pool."""
+        for ranks in self.groups.values():
+            ranks.close()
+        self.groups.clear()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

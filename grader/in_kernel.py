@@ -18,6 +18,7 @@ from grader.judge.registry import diagnoser, hidden_checks, public_checks
 from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
 from grader.manifest import Exercise, load_manifest
+from grader.ranks import rank_pools
 from grader.report.results import CheckResult, exercise_result, render_exercise
 from grader.sandbox.runner import run_checks
 
@@ -46,7 +47,8 @@ def _run(ex: Exercise, namespace: dict, hidden: bool) -> list[CheckResult]:
     known = reference_if_available(ex.notebook)  # the instructor's side only
     ctx = Context(seed, grading_devices(DEVICES), known if hidden else None)
     student = Student(namespace, ex.function, "this notebook")
-    outcomes = run_checks(checks, student, ctx, held=known)
+    with rank_pools(student):  # the distributed cases share their ranks
+        outcomes = run_checks(checks, student, ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex)).checks
 
 

@@ -1,11 +1,17 @@
 """Run a case in every process of a fresh process group, and note the torch.distributed calls
 the student's code makes there. The checks of the distributed notebook share it.
 
-A case calls `in_every_size(body)`: for each group size, `body(size)()` runs in each process
-of a group forked from the grading child (dplab.distributed, on gloo); the groups run side by
-side. What each body returns comes back as plain data. A group that deadlocks, crashes or
-runs past its limits does not end the case: its record says what happened, which the checks
-turn into a failure that names the rank (`expect_ranks_finished`).
+A case calls `in_every_size(factory, student)`: for each group size, `factory(student)()` runs
+in each process of a new group of processes forked from the grading child (dplab.distributed,
+on gloo); the groups run side by side. What each returns comes back as plain data. A group
+that deadlocks, crashes or runs past its limits does not end the case: its record says what
+happened, which the checks turn into a failure that names the rank (`expect_ranks_finished`).
+
+Forking a process that has imported torch costs some 30 ms of processor time, and a case
+needs 9 processes. So the cases of one exercise share their processes (`rank_pools`): each
+size's are forked at the first case that needs them, and every case still gets a new process
+group, the random states the case had, and processes that no case has failed in, stopped, or
+changed (a case that changes the grader's code or torch in a rank fails there).
 
 Nothing here solves an exercise: it starts processes, draws inputs from seeds and records.
 """
@@ -24,6 +30,7 @@ from dplab.distributed import (
     LIBRARY_PARTS,
     Launched,
     LaunchError,
+    RankPool,
     RanksHung,
     RanksTimedOut,
     launch_each,
@@ -160,24 +167,123 @@ def group_record(done: Launched | LaunchError) -> dict:
     return {"ranks": done.results, "outputs": [o[-2000:] for o in done.outputs]}
 
 
-def in_every_size(body: Callable[[int], Callable[[], Any]], sizes=WORLD_SIZES) -> list[dict]:
-    """Run `body(world_size)()` in every process of a new gloo group of each size, the
-    groups side by side; return a record per group (see `group_record`), smallest first.
-    Together the groups may use the case's processor-time limit (CPU_SECONDS outside a
-    grade). A stub stops the case as it would anywhere else."""
+# The pool of the exercise running now, the student it was opened for, and the names of what
+# the grading child watched then (see rank_pools and pool_key).
+_pools: list[tuple[RankPool, object, frozenset[str]]] = []
+
+
+@contextlib.contextmanager
+def rank_pools(student) -> Iterator[RankPool]:
+    """Let the cases run in the block (the cases of one exercise) share their ranks: each size's
+    ranks are forked once, at the first case that needs them, and serve the later cases, each
+    in a new process group (dplab.distributed.RankPool). Ranks are forked again whenever what
+    they would start from has changed (`pool_key`), or a case's run changed anything the
+    grading relies on in them (see `unchanged`); they all stop at the end of the block."""
+    from grader.sandbox.child import fingerprint, watched_objects
+
+    with RankPool(still_clean=unchanged) as pool:
+        _pools.append((pool, student, frozenset(fingerprint(watched_objects()))))
+        try:
+            yield pool
+        finally:
+            _pools.pop()
+
+
+def unchanged() -> Callable[[], bool]:
+    """In a rank just forked: return the test of a rank after a run. It raises when the run
+    changed what the grading relies on (the grader's modules, torch.distributed, the builtins:
+    what the grading child watches in itself), which fails the run, and returns False when the
+    run left the rank in another folder or with threads running, which then serves no more."""
+    import os
+    import threading
+
+    from grader.sandbox.child import changed_since, fingerprint, watched_objects
+
+    watched = watched_objects()
+    before, folder, threads = fingerprint(watched), os.getcwd(), threading.active_count()
+
+    def test() -> bool:
+        changed = changed_since(before, watched)
+        if changed:
+            raise Tampered(
+                f"the code changed the grader's own code or torch ({', '.join(changed)}) in "
+                "this process, so its results cannot be trusted"
+            )
+        return os.getcwd() == folder and threading.active_count() == threads
+
+    return test
+
+
+class Tampered(RuntimeError):
+    """A run in a rank changed what the grading relies on."""
+
+
+def pool_key(student, watched: frozenset[str]) -> tuple:
+    """Return what ranks forked now would start from, as far as a case can change it: the
+    student's names (a case may hold some right) and the `watched` attributes of what the
+    grading child watches (a case may patch them; attributes that torch adds as it goes, as
+    the child's own watch does, are left out). Ranks forked under another key are not used."""
+    from grader.sandbox.child import fingerprint, watched_objects
+
+    names = tuple((name, id(value)) for name, value in student.namespace.items())
+    marks = fingerprint(watched_objects())
+    return names, tuple(sorted((k, v) for k, v in marks.items() if k in watched))
+
+
+def _random_states() -> tuple:
+    """Return the random generators' states here: torch's, Python's and NumPy's (if loaded)."""
+    import random
+    import sys
+
+    numpy = sys.modules.get("numpy")
+    return (
+        torch.random.get_rng_state(),
+        random.getstate(),
+        numpy.random.get_state() if numpy is not None else None,
+    )
+
+
+def _in_pool(factory: Callable, states: tuple) -> Any:
+    """In a rank of a pool: start from the random states of the case that asked (as a rank
+    forked for it would), then run what `factory(student)` returns, for the student the pool
+    was opened for."""
+    import random
+    import sys
+
+    torch.random.set_rng_state(states[0])
+    random.setstate(states[1])
+    if states[2] is not None and "numpy" in sys.modules:
+        sys.modules["numpy"].random.set_state(states[2])
+    return factory(_pools[-1][1])()
+
+
+def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
+    """Run `factory(student)()` in every process of a new gloo group of each size, the groups
+    side by side; return a record per group (see `group_record`), smallest first.
+    `factory` is a function of the checks module (or a functools.partial of one with plain
+    arguments): in the cases of an exercise, ranks forked for an earlier case run it
+    (`rank_pools`). Together the groups may use the case's processor-time limit
+    (CPU_SECONDS outside a grade). A stub stops the case as it would anywhere else."""
     from grader.sandbox.fence import NO_LOOPBACK, loopback_is_up
     from grader.sandbox.runner import case_seconds
 
     if not loopback_is_up():  # the grader's fence, not the student: say so, and how to fix it
         raise RuntimeError(NO_LOOPBACK)
-    groups = []
-    launched = launch_each(
-        [(body(n), n) for n in sizes],
+    limits = dict(
         backend="gloo",
         timeout=WALL_SECONDS,
         idle_timeout=IDLE_SECONDS,
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
     )
+    pooled = [(pool, watched) for pool, opened_for, watched in _pools[-1:] if opened_for is student]
+    if pooled:
+        pool, watched = pooled[0]
+        run = functools.partial(_in_pool, factory, _random_states())
+        key = pool_key(student, watched)
+        launched = pool.run_each([(run, n) for n in sizes], key=key, **limits)
+    else:
+        launched = launch_each([(lambda: factory(student)(), n) for n in sizes], **limits)
+    groups = []
     for n, done in zip(sizes, launched, strict=True):
         group = group_record(done)
         group["world_size"] = n

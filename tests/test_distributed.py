@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
+from dplab.distributed import RankFailed, RankPool, RanksHung, RanksTimedOut, launch
 from grader.checks.train_ddp import plain_state, replay_on
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
@@ -121,6 +121,88 @@ def spins():
 def test_ranks_that_compute_without_end_hit_the_processor_time_limit():
     with pytest.raises(RanksTimedOut, match="more than 2 s of processor time"):
         launch(spins, nprocs=2, cpu_limit=2, show=False)
+
+
+# ---- ranks that stay (RankPool) -----------------------------------------------------------
+
+
+def who_and_how_many():
+    """Return this rank's process, its rank, and the size of the group it is in now."""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {int(t)}")
+    return os.getpid(), dist.get_rank(), int(t)
+
+
+def leaves_its_group():
+    dist.destroy_process_group()  # the student's code may end the group; the next run has one
+    return os.getpid()
+
+
+def test_a_pool_forks_each_size_once_and_gives_every_run_a_group_of_its_own():
+    with RankPool() as pool:
+        first = pool.run_each([(who_and_how_many, 2), (who_and_how_many, 3)], backend="gloo")
+        ended = pool.run_each([(leaves_its_group, 2)], backend="gloo")
+        again = pool.run_each([(who_and_how_many, 2), (who_and_how_many, 3)], backend="gloo")
+        assert pool.forks == 5
+    for done, size in zip(first + again, (2, 3, 2, 3), strict=True):
+        assert [r[1:] for r in done.results] == [(rank, size) for rank in range(size)]
+        assert done.outputs == [f"rank {r} of {size}\n" for r in range(size)]  # this run's
+    assert [r[0] for r in again[0].results] == [r[0] for r in first[0].results]
+    assert ended[0].results == [r[0] for r in first[0].results]
+
+
+def test_after_a_run_that_fails_or_hangs_a_pool_forks_new_ranks():
+    with RankPool() as pool:
+        before = pool.run_each([(who_and_how_many, 3)], backend="gloo")[0]
+        failed = pool.run_each([(raises_on_rank_one, 3)], backend="gloo")[0]
+        assert isinstance(failed, RankFailed) and failed.rank == 1
+        assert str(failed).startswith("rank 1 raised ValueError: rank one cannot go on")
+        hung = pool.run_each([(sends_first, 2)], backend="gloo", idle_timeout=3)[0]
+        assert isinstance(hung, RanksHung) and "waiting in torch.distributed's send" in str(hung)
+        after = pool.run_each([(who_and_how_many, 3), (who_and_how_many, 2)], backend="gloo")
+        assert pool.forks == 3 + 2 + 3 + 2
+    assert [r[1:] for r in after[0].results] == [(r, 3) for r in range(3)]
+    assert {r[0] for r in after[0].results}.isdisjoint(r[0] for r in before.results)
+
+
+def test_ranks_forked_under_another_key_are_not_used_again():
+    with RankPool() as pool:
+        one = pool.run_each([(who_and_how_many, 2)], key="a", backend="gloo")[0]
+        same = pool.run_each([(who_and_how_many, 2)], key="a", backend="gloo")[0]
+        other = pool.run_each([(who_and_how_many, 2)], key="b", backend="gloo")[0]
+    assert [r[0] for r in same.results] == [r[0] for r in one.results]
+    assert {r[0] for r in other.results}.isdisjoint(r[0] for r in one.results)
+
+
+MARKS: list[str] = []  # what a run left behind in a rank
+
+
+def leaves_a_mark():
+    MARKS.append("here")
+    return len(MARKS)
+
+
+def mark_test(raising: bool):
+    def forked():
+        def test() -> bool:
+            if MARKS and raising:
+                raise RuntimeError("a run changed MARKS")
+            return not MARKS
+
+        return test
+
+    return forked
+
+
+def test_a_rank_that_a_run_changed_serves_no_more_and_may_fail_the_run():
+    with RankPool(still_clean=mark_test(raising=False)) as pool:
+        kept = [pool.run_each([(leaves_a_mark, 2)], backend="gloo")[0] for _ in range(2)]
+        assert pool.forks == 4  # the first ranks stood down after their run
+    assert [done.results for done in kept] == [[1, 1], [1, 1]]
+    with RankPool(still_clean=mark_test(raising=True)) as pool:
+        failed = pool.run_each([(leaves_a_mark, 2)], backend="gloo")[0]
+    assert isinstance(failed, RankFailed) and "a run changed MARKS" in str(failed)
 
 
 def test_bad_arguments_say_what_is_wrong():

@@ -66,6 +66,16 @@ def ring_allreduce(tensor):
 """
 
 
+# Leaves each tensor as it was, and makes the grader's own all_reduce in the rank (which gives
+# the sums to compare with) do the same: every later sum would look right in these ranks.
+FAKES_THE_SUMS = """
+def ring_allreduce(tensor):
+    import sys
+    sys.modules["grader.checks.ring_allreduce"].all_reduce = lambda t, *a, **k: None
+    return tensor
+"""
+
+
 FAKES_ALL_REDUCE = (
     "import torch.distributed as dist\ndist.all_reduce = lambda tensor, *a, **k: None"
 )
@@ -91,6 +101,7 @@ def distributed_class(tmp_path_factory):
         ]
         + [RANK_ONE_LEAVES],
         "fakes_all_reduce": [*sources(NOTEBOOK), FAKES_ALL_REDUCE],
+        "fakes_the_sums": replacing("ring_allreduce", FAKES_THE_SUMS, NOTEBOOK),
     }
     for name, cells in students.items():
         write_notebook(root / "submitted" / name / MANIFEST.assignment / NOTEBOOK, *cells)
@@ -174,3 +185,12 @@ def test_replacing_torch_distributed_voids_the_distributed_exercises(distributed
     assert set(scores(sub).values()) == {0}
     assert "changed the grader's own code or torch" in text(sub, "average_gradients")
     assert "torch.distributed" in text(sub, "average_gradients")
+
+
+def test_changing_the_grader_inside_a_rank_fails_the_runs_there(distributed_class):
+    sub = distributed_class["report"]["fakes_the_sums"]
+    assert scores(sub)["ring_allreduce"] == 0
+    said = text(sub, "ring_allreduce")
+    assert "changed the grader's own code or torch" in said
+    assert "grader.checks.ring_allreduce.all_reduce" in said
+    others_full(sub, "ring_allreduce")

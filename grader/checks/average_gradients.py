@@ -8,6 +8,8 @@ run by the grader in a single process on the whole batch, as DistributedDataPara
 promises, and look at the all_reduce calls on the way.
 """
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -135,7 +137,10 @@ def what_of(values: torch.Tensor, params: list, grads: list) -> list[str]:
 def gradients_of_a_shard(student, ctx, frozen: bool = False, arguments: dict | None = None):
     """A small network on each rank, its shard of a batch of 24 through it and back, then
     the student's function (in groups of 2, 3 and 4)."""
-    return in_every_size(lambda n: gradients_body(student, ctx.seed, frozen, **(arguments or {})))
+    return in_every_size(
+        functools.partial(gradients_body, seed=ctx.seed, frozen=frozen, **(arguments or {})),
+        student,
+    )
 
 
 with_a_frozen_layer = gradients_of_a_shard.using(

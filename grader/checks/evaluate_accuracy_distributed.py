@@ -7,6 +7,8 @@ whose scores are its input, so the grader knows every prediction: it builds each
 shard from the seed, and counts the whole set's accuracy itself.
 """
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -106,7 +108,7 @@ def accuracy_body(student, seed: int, shape: str):
 def shards(student, ctx, shape: str = "unequal"):
     """Each rank's own batches of scores and labels (rank r has 5 r + 5 examples), given to
     the student's function on the CPU, in groups of 2, 3 and 4."""
-    return in_every_size(lambda n: accuracy_body(student, ctx.seed, shape))
+    return in_every_size(functools.partial(accuracy_body, seed=ctx.seed, shape=shape), student)
 
 
 equal_shards = shards.using(

@@ -7,6 +7,8 @@ student's function its own tensor; the checks compare what each rank ends with a
 processes just before, and look at the calls the function made on the way.
 """
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -89,7 +91,7 @@ def ring_body(student, seed: int, kind: str):
 
 
 def run_ring(student, ctx, kind: str, sizes=(2, 3, 4)) -> list[dict]:
-    return in_every_size(lambda n: ring_body(student, ctx.seed, kind), sizes)
+    return in_every_size(functools.partial(ring_body, seed=ctx.seed, kind=kind), student, sizes)
 
 
 @case

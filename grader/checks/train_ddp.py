@@ -10,6 +10,7 @@ loss the mean of the ranks' losses, as DDP's averaged gradients make it). Every 
 with the replay's weights, as CS336's checks of a DDP run do.
 """
 
+import functools
 import re
 
 import torch
@@ -102,7 +103,16 @@ def training_run(student, ctx, num_epochs: int = EPOCHS, batch_size: int = BATCH
     """A small network trained for two epochs on 96 examples, global batch 24, in groups of
     2, 3 and 4 processes (with the reference's evaluate_accuracy_distributed, where it is
     at hand, so that a wrong one costs only its own checks)."""
-    return in_every_size(lambda n: training_body(student, ctx.seed, num_epochs, batch_size, lr))
+    return in_every_size(
+        functools.partial(
+            training_body,
+            seed=ctx.seed,
+            num_epochs=num_epochs,
+            batch_size=batch_size,
+            lr=lr,
+        ),
+        student,
+    )
 
 
 # ---- judging ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import torch
 from grader.api import Case, Context, Student
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
+from grader.ranks import rank_pools
 from grader.sandbox.fence import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
@@ -86,11 +87,21 @@ def watched_objects() -> dict[str, object]:
     return watched
 
 
+# torch keeps answers it works out lazily in plain module variables (torch.distributed's
+# `_spmd_types_available` is set when torch._dynamo is first imported, which the first
+# optimizer or launch does): in torch's modules only functions, classes and objects count.
+PLAIN = (type(None), bool, int, float, str)
+
+
 def fingerprint(watched: dict[str, object]) -> dict[str, int]:
-    """Return the identity of every attribute (and function body) of the watched objects."""
+    """Return the identity of every attribute (and function body) of the watched objects
+    (in torch's modules, of those that are not plain values)."""
     marks = {f"torch.{name}": id(getattr(torch, name)) for name in TORCH_FUNCTIONS}
     for name, obj in watched.items():
+        lazy = name.startswith("torch.") and isinstance(obj, ModuleType)
         for attribute, value in list(vars(obj).items()):
+            if lazy and isinstance(value, PLAIN):
+                continue
             marks[f"{name}.{attribute}"] = id(value)
             if isinstance(value, FunctionType):  # (not getattr: a mock makes one up)
                 marks[f"{name}.{attribute}.__code__"] = id(value.__code__)
@@ -168,10 +179,11 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
         student = Student(namespace, ex.function, ex.notebook)
         holds = {n for _, found, _ in plan for n in found.holds}
         held = held_namespace(channel, reply_fd, nonce, exercise_id, holds) if holds else None
-        for name, found, args in plan:
-            channel.send("case-start", exercise=exercise_id, case=name)
-            outcome = run_case(found.using(name), student, ctx, args, limit, held)
-            channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
+        with rank_pools(student):  # the distributed cases share their ranks
+            for name, found, args in plan:
+                channel.send("case-start", exercise=exercise_id, case=name)
+                outcome = run_case(found.using(name), student, ctx, args, limit, held)
+                channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
         del held
         channel.send("exercise-done", exercise=exercise_id, changed=changed_since(before, watched))
 
