@@ -739,16 +739,35 @@ def launch_each(
     launch returned, or the LaunchError that ended it: one group's failure ends no other.
     Groups that mostly wait (the checks' tiny cases) take little longer together than the
     largest alone."""
+
+    def begin(fn: Callable, nprocs: int, chosen: str, folder: Path, store_timeout: float):
+        return _start(fn, (), None, nprocs, chosen, folder, store_timeout, False)
+
+    return _side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin)
+
+
+def _side_by_side(
+    calls: list[tuple[Callable, int]],
+    backend: str | None,
+    timeout: float,
+    idle_timeout: float,
+    cpu_limit: float | None,
+    begin: Callable[..., "_Group"],
+) -> list[Launched | LaunchError]:
+    """Run each (fn, nprocs) of `calls` in a group of its own, side by side, and watch them all
+    (see `launch_each`). `begin(fn, nprocs, backend, folder, store_timeout)` starts one
+    group's run in `folder` and returns the parent's view of it."""
     chosen = [_check_arguments(fn, (), nprocs, backend) for fn, nprocs in calls]
     started = time.monotonic()
     store_timeout = max(2 * idle_timeout, 30.0) if idle_timeout else timeout
     outcomes: list[Launched | LaunchError | None] = [None] * len(calls)
     with contextlib.ExitStack() as stack:
-        groups, watchers = [], {}
+        groups: list[_Group] = []
+        watchers = {}
         try:
             for i, ((fn, nprocs), backend_i) in enumerate(zip(calls, chosen, strict=True)):
                 folder = stack.enter_context(_launch_folder())
-                groups.append(_start(fn, (), None, nprocs, backend_i, folder, store_timeout, False))
+                groups.append(begin(fn, nprocs, backend_i, folder, store_timeout))
                 watchers[i] = _parent_waits(groups[i], nprocs, timeout, idle_timeout, cpu_limit)
             while watchers:
                 for i, watcher in list(watchers.items()):
@@ -941,37 +960,18 @@ class RankPool:
     ) -> list[Launched | LaunchError]:
         """As `launch_each`, on this pool's ranks (forked now where there are none for a size,
         or none forked under `key`); each size at most once per call."""
-        chosen = [_check_arguments(fn, (), nprocs, backend) for fn, nprocs in calls]
         if len({nprocs for _, nprocs in calls}) < len(calls):
             raise ValueError("a pool runs one group of each size at a time")
-        started = time.monotonic()
-        store_timeout = max(2 * idle_timeout, 30.0) if idle_timeout else timeout
-        outcomes: list[Launched | LaunchError | None] = [None] * len(calls)
-        with contextlib.ExitStack() as stack:
-            orders: list[_Order] = []
-            watchers = {}
-            try:
-                for i, ((fn, nprocs), backend_i) in enumerate(zip(calls, chosen, strict=True)):
-                    folder = stack.enter_context(_launch_folder())
-                    ranks = self._ranks(nprocs, backend_i, (key, backend_i), store_timeout)
-                    orders.append(self._send(ranks, folder, fn))
-                    watchers[i] = _parent_waits(orders[i], nprocs, timeout, idle_timeout, cpu_limit)
-                while watchers:
-                    for i, watcher in list(watchers.items()):
-                        try:
-                            next(watcher)
-                        except StopIteration:
-                            outcomes[i] = _results(orders[i], chosen[i], started)
-                            del watchers[i]
-                        except LaunchError as error:
-                            outcomes[i] = error
-                            del watchers[i]
-                    if watchers:
-                        _pause(started)
-            except BaseException:
-                self.close()
-                raise
-        return outcomes  # type: ignore[return-value]
+
+        def begin(fn: Callable, nprocs: int, chosen: str, folder: Path, store_timeout: float):
+            ranks = self._ranks(nprocs, chosen, (key, chosen), store_timeout)
+            return self._send(ranks, folder, fn)
+
+        try:
+            return _side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop every rank of the pool."""

@@ -275,9 +275,8 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         idle_timeout=IDLE_SECONDS,
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
     )
-    pooled = [(pool, watched) for pool, opened_for, watched in _pools[-1:] if opened_for is student]
-    if pooled:
-        pool, watched = pooled[0]
+    if _pools and _pools[-1][1] is student:  # in rank_pools, for this student
+        pool, _, watched = _pools[-1]
         run = functools.partial(_in_pool, factory, _random_states())
         key = pool_key(student, watched)
         launched = pool.run_each([(run, n) for n in sizes], key=key, **limits)
