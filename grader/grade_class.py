@@ -24,6 +24,7 @@ from grader.grading import (
     Limits,
     default_threads,
     grade_submission,
+    notebooks_at_once,
     select_exercises,
     stop_all_children,
 )
@@ -172,7 +173,7 @@ def grade_class(
         else:
             todo.append((sub, mark))
     show = progress or Progress(len(subs)).show
-    threads = default_threads(jobs)
+    threads, side_by_side = default_threads(jobs), notebooks_at_once(jobs)
 
     def ordered() -> list[SubmissionResult]:
         return [results[s.id] for s in subs if s.id in results]
@@ -180,7 +181,13 @@ def grade_class(
     def grade(sub: Submission, mark: str) -> SubmissionResult:
         started = time.monotonic()
         result = grade_submission(
-            sub, seed=seed, hidden=hidden, limits=limits, threads=threads, phases=phases
+            sub,
+            seed=seed,
+            hidden=hidden,
+            limits=limits,
+            threads=threads,
+            phases=phases,
+            side_by_side=side_by_side,
         )
         result.seconds, result.fingerprint = time.monotonic() - started, mark
         return result

@@ -13,6 +13,7 @@ reads back plain data, and decides every verdict.
 """
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -43,6 +44,14 @@ def default_threads(jobs: int = 1) -> int:
     return 1
 
 
+def notebooks_at_once(jobs: int = 1) -> int:
+    """Return how many notebooks of one submission are graded side by side: the cores left
+    to each of the `jobs` submissions graded at a time (one child per notebook, one thread
+    each). A submission's notebooks are independent: each has children of its own."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, jobs))
+
+
 def prefetch_references(sub: Submission) -> None:
     """Load, in the background, the reference solutions that judging `sub` will need (while
     the children start and run, this process has nothing else to do)."""
@@ -68,10 +77,12 @@ def grade_submission(
     threads: int | None = None,
     phases: Phases | None = None,
     only_checks: set[str] | None = None,
+    side_by_side: int | None = None,
 ) -> SubmissionResult:
     """Grade one submission end to end and return its result (adding the time each phase
     took to `phases`, if given). `only_checks` keeps the checks of these names (and those
-    they come after), and runs only their cases."""
+    they come after), and runs only their cases. `side_by_side` notebooks are graded at once
+    (by default, as many as there are cores)."""
     sub_seed = submission_seed(sub.id, seed)
     limits = limits or Limits()
     threads = threads or default_threads()
@@ -81,7 +92,8 @@ def grade_submission(
     }
     if hidden:  # load the references the judging needs while the children run
         prefetch_references(sub)
-    collected = run_isolated(sub, checks, sub_seed, limits, threads, phases)
+    at_once = side_by_side or notebooks_at_once()
+    collected = run_isolated(sub, checks, sub_seed, limits, threads, phases, at_once)
     judging = time.monotonic()
     if hidden:  # the instructor's side, where the reference solutions are
         time_against_the_reference(sub, checks, collected, sub_seed, limits, threads)

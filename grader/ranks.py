@@ -8,10 +8,11 @@ that deadlocks, crashes or runs past its limits does not end the case: its recor
 happened, which the checks turn into a failure that names the rank (`expect_ranks_finished`).
 
 Forking a process that has imported torch costs some 30 ms of processor time, and a case
-needs 9 processes. So the cases of one exercise share their processes (`rank_pools`): each
-size's are forked at the first case that needs them, and every case still gets a new process
-group, the random states the case had, and processes that no case has failed in, stopped, or
-changed (a case that changes the grader's code or torch in a rank fails there).
+needs 9 processes. So the cases of a notebook's exercises share their processes
+(`rank_pools`): each size's are forked at the first case that needs them, and every case still
+gets a new process group, the random states the case had, and processes that no case has
+failed in, stopped, or changed (a case that changes the grader's code or torch in a rank
+fails there).
 
 Nothing here solves an exercise: it starts processes, draws inputs from seeds and records.
 """
@@ -35,7 +36,7 @@ from dplab.distributed import (
     RanksTimedOut,
     launch_each,
 )
-from grader.api import Crash, Fail, MissingFunction, Raised, attempt, raised_in
+from grader.api import Crash, Fail, MissingFunction, Raised, Student, attempt, raised_in
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
 IDLE_SECONDS = 5.0  # ranks that together compute next to nothing this long are deadlocked
@@ -167,22 +168,24 @@ def group_record(done: Launched | LaunchError) -> dict:
     return {"ranks": done.results, "outputs": [o[-2000:] for o in done.outputs]}
 
 
-# The pool of the exercise running now, the student it was opened for, and the names of what
-# the grading child watched then (see rank_pools and pool_key).
-_pools: list[tuple[RankPool, object, frozenset[str]]] = []
+# The pool open now, the student's namespace and notebook it was opened for, and the names of
+# what the grading child watched then (see rank_pools and pool_key).
+_pools: list[tuple[RankPool, dict, str, frozenset[str]]] = []
 
 
 @contextlib.contextmanager
 def rank_pools(student) -> Iterator[RankPool]:
-    """Let the cases run in the block (the cases of one exercise) share their ranks: each size's
-    ranks are forked once, at the first case that needs them, and serve the later cases, each
-    in a new process group (dplab.distributed.RankPool). Ranks are forked again whenever what
-    they would start from has changed (`pool_key`), or a case's run changed anything the
-    grading relies on in them (see `unchanged`); they all stop at the end of the block."""
+    """Let the cases run in the block share their ranks, for any exercise of `student`'s
+    notebook (its namespace): each size's ranks are forked once, at the first case that needs
+    them, and serve the later cases, each in a new process group (dplab.distributed.RankPool).
+    Ranks are forked again whenever what they would start from has changed (`pool_key`), or
+    a case's run changed anything the grading relies on in them (see `unchanged`); they all
+    stop at the end of the block. A block opened inside another has ranks of its own."""
     from grader.sandbox.child import fingerprint, watched_objects
 
     with RankPool(still_clean=unchanged) as pool:
-        _pools.append((pool, student, frozenset(fingerprint(watched_objects()))))
+        watched = frozenset(fingerprint(watched_objects()))
+        _pools.append((pool, student.namespace, student.where, watched))
         try:
             yield pool
         finally:
@@ -243,10 +246,11 @@ def _random_states() -> tuple:
     )
 
 
-def _in_pool(factory: Callable, states: tuple) -> Any:
+def _in_pool(factory: Callable, function: str, states: tuple) -> Any:
     """In a rank of a pool: start from the random states of the case that asked (as a rank
-    forked for it would), then run what `factory(student)` returns, for the student the pool
-    was opened for."""
+    forked for it would), then run what `factory(student)` returns, for the exercise's
+    `function` in the namespace the pool was opened for."""
+
     import random
     import sys
 
@@ -254,16 +258,17 @@ def _in_pool(factory: Callable, states: tuple) -> Any:
     random.setstate(states[1])
     if states[2] is not None and "numpy" in sys.modules:
         sys.modules["numpy"].random.set_state(states[2])
-    return factory(_pools[-1][1])()
+    _, namespace, where, _ = _pools[-1]
+    return factory(Student(namespace, function, where))()
 
 
 def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
     """Run `factory(student)()` in every process of a new gloo group of each size, the groups
     side by side; return a record per group (see `group_record`), smallest first.
     `factory` is a function of the checks module (or a functools.partial of one with plain
-    arguments): in the cases of an exercise, ranks forked for an earlier case run it
-    (`rank_pools`). Together the groups may use the case's processor-time limit
-    (CPU_SECONDS outside a grade). A stub stops the case as it would anywhere else."""
+    arguments): in `rank_pools`, ranks forked for an earlier case run it. Together the groups
+    may use the case's processor-time limit (CPU_SECONDS outside a grade). A stub stops the
+    case as it would anywhere else."""
     from grader.sandbox.fence import NO_LOOPBACK, loopback_is_up
     from grader.sandbox.runner import case_seconds
 
@@ -275,9 +280,9 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         idle_timeout=IDLE_SECONDS,
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
     )
-    if _pools and _pools[-1][1] is student:  # in rank_pools, for this student
-        pool, _, watched = _pools[-1]
-        run = functools.partial(_in_pool, factory, _random_states())
+    if _pools and _pools[-1][1] is student.namespace:  # in rank_pools, for this notebook
+        pool, _, _, watched = _pools[-1]
+        run = functools.partial(_in_pool, factory, student.function, _random_states())
         key = pool_key(student, watched)
         launched = pool.run_each([(run, n) for n in sizes], key=key, **limits)
     else:

@@ -194,3 +194,46 @@ def test_changing_the_grader_inside_a_rank_fails_the_runs_there(distributed_clas
     assert "changed the grader's own code or torch" in said
     assert "grader.checks.ring_allreduce.all_reduce" in said
     others_full(sub, "ring_allreduce")
+
+
+SHARED_RANKS = """
+import json
+from pathlib import Path
+
+from dplab.devices import grading_devices
+from grader.api import Context, Student
+from grader.judge.registry import diagnoser, public_checks
+from grader.judge.verdicts import judge_exercise
+from grader.load.notebook import load_notebook
+from grader.manifest import REPO, load_manifest
+from grader.ranks import rank_pools
+from grader.sandbox.runner import run_checks
+
+manifest = load_manifest()
+path = REPO / "solutions" / manifest.assignment / "distributed.ipynb"
+namespace = load_notebook(path, manifest.training_functions, module_name="nb").namespace
+ctx = Context(0, grading_devices(2))
+scores = {}
+with rank_pools(Student(namespace, "", "distributed.ipynb")) as pool:
+    for exercise_id in ("average_gradients", "evaluate_accuracy_distributed"):
+        ex = manifest.exercise(exercise_id)
+        checks = public_checks(ex)
+        outcomes = run_checks(checks, Student(namespace, ex.function, "distributed.ipynb"), ctx)
+        judged = judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
+        scores[ex.id] = [c.passed for c in judged.checks]
+print(json.dumps({"forks": pool.forks, "scores": scores}))
+"""
+
+
+@pytest.mark.slow
+def test_the_exercises_of_a_notebook_share_their_ranks():
+    """One pool serves the cases of every exercise of a notebook (the grading child opens it
+    when the notebook has loaded): each group size is forked once, and each exercise's cases
+    call that exercise's function."""
+    proc = subprocess.run([python(), "-c", SHARED_RANKS], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert said["forks"] == 2 + 3 + 4
+    assert said["scores"]["average_gradients"] and all(said["scores"]["average_gradients"])
+    evaluate = said["scores"]["evaluate_accuracy_distributed"]
+    assert evaluate and all(evaluate)

@@ -55,6 +55,24 @@ def test_a_crash_is_reported_with_the_end_of_the_childs_log(tmp_path):
     assert by_id["allreduce"].score == MANIFEST.exercise("allreduce").points
 
 
+def test_notebooks_graded_side_by_side_get_the_verdicts_they_get_one_at_a_time(tmp_path):
+    """Each notebook has children (and a scratch folder and log) of its own: a crash in one
+    is reported there, with its own log, and costs the other notebook nothing."""
+    folder = tmp_path / "two" / MANIFEST.assignment
+    crash = "def try_gpu(i=0):\n    import ctypes\n    ctypes.string_at(0)"
+    write_notebook(folder / "from_scratch.ipynb", *replacing("try_gpu", crash))
+    wrong = "def resnet18(num_classes, in_channels=1):\n    return torch.nn.Flatten()"
+    write_notebook(folder / "concise.ipynb", *replacing("resnet18", wrong, "concise.ipynb"))
+    exercises = ["try_gpu", "allreduce", "resnet18"]
+    found = {n: verdicts(grade_path(folder, exercises, side_by_side=n)) for n in (1, 2)}
+    assert found[1] == found[2]
+    crashed = " ".join(m for name, (_, _, m) in found[2].items() if name.startswith("try_gpu"))
+    assert "segmentation fault" in crashed and "Fatal Python error" in crashed
+    assert all(passed for name, (passed, _, _) in found[2].items() if "allreduce" in name)
+    resnet = [m for name, (_, _, m) in found[2].items() if name.startswith("resnet18")]
+    assert resnet and not any("segmentation fault" in m or "Fatal" in m for m in resnet)
+
+
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
     hidden = MANIFEST.package_folder(MANIFEST.private_packages[0]) / "try_gpu.py"
     peek = f"def try_gpu(i=0):\n    return open({str(hidden)!r}).read()"

@@ -14,6 +14,7 @@ before the exercises it holds have been judged.
 """
 
 import builtins
+import contextlib
 import os
 import sys
 import time
@@ -136,56 +137,61 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     install_audit_hook(Path(request["scratch"]), [Path(p) for p in request["private"]])
     limit = float(request["check_seconds"]) or None  # processor time per thread
     loaded: dict[str, dict | NotebookError] = {}
-    for exercise_id, plan in plans.items():
-        ex = manifest.exercise(exercise_id)
-        if not plan:  # every case already ran in an earlier child
-            channel.send("exercise-done", exercise=exercise_id, changed=[])
-            continue
-        channel.send("exercise-start", exercise=exercise_id)
-        if ex.notebook not in loaded:
-            channel.send("loading", notebook=ex.notebook)
-            try:
-                skip = frozenset(tuple(s) for s in request["skip"].get(ex.notebook, []))
-                load_started = time.perf_counter()
-                result = load_notebook(
-                    Path(request["notebooks"][ex.notebook]),
-                    manifest.training_functions,
-                    module_name=f"submission_{Path(ex.notebook).stem}",
-                    statement_seconds=limit,
-                    skip_statements=skip,
-                    before_statement=lambda cell, line, nb=ex.notebook: channel.send(
-                        "statement", notebook=nb, cell=cell, line=line
-                    ),
-                )
-                loaded[ex.notebook] = result.namespace
+    with contextlib.ExitStack() as pools:
+        for exercise_id, plan in plans.items():
+            ex = manifest.exercise(exercise_id)
+            if not plan:  # every case already ran in an earlier child
+                channel.send("exercise-done", exercise=exercise_id, changed=[])
+                continue
+            channel.send("exercise-start", exercise=exercise_id)
+            if ex.notebook not in loaded:
+                channel.send("loading", notebook=ex.notebook)
+                try:
+                    skip = frozenset(tuple(s) for s in request["skip"].get(ex.notebook, []))
+                    load_started = time.perf_counter()
+                    result = load_notebook(
+                        Path(request["notebooks"][ex.notebook]),
+                        manifest.training_functions,
+                        module_name=f"submission_{Path(ex.notebook).stem}",
+                        statement_seconds=limit,
+                        skip_statements=skip,
+                        before_statement=lambda cell, line, nb=ex.notebook: channel.send(
+                            "statement", notebook=nb, cell=cell, line=line
+                        ),
+                    )
+                    loaded[ex.notebook] = result.namespace
+                    # The notebook's distributed exercises share their ranks (grader.ranks).
+                    pools.enter_context(rank_pools(Student(result.namespace, "", ex.notebook)))
+                    channel.send(
+                        "loaded",
+                        notebook=ex.notebook,
+                        notes=result.notes,
+                        seconds=time.perf_counter() - load_started,
+                    )
+                except NotebookError as error:
+                    loaded[ex.notebook] = error
+                    channel.send("loaded", notebook=ex.notebook, notes=[str(error)], failed=True)
+            namespace = loaded[ex.notebook]
+            if isinstance(namespace, NotebookError):
                 channel.send(
-                    "loaded",
-                    notebook=ex.notebook,
-                    notes=result.notes,
-                    seconds=time.perf_counter() - load_started,
+                    "exercise-done",
+                    exercise=exercise_id,
+                    changed=[],
+                    unloadable=f"{ex.notebook} could not be loaded: {namespace}",
                 )
-            except NotebookError as error:
-                loaded[ex.notebook] = error
-                channel.send("loaded", notebook=ex.notebook, notes=[str(error)], failed=True)
-        namespace = loaded[ex.notebook]
-        if isinstance(namespace, NotebookError):
-            channel.send(
-                "exercise-done",
-                exercise=exercise_id,
-                changed=[],
-                unloadable=f"{ex.notebook} could not be loaded: {namespace}",
-            )
-            continue
-        student = Student(namespace, ex.function, ex.notebook)
-        holds = {n for _, found, _ in plan for n in found.holds}
-        held = held_namespace(channel, reply_fd, nonce, exercise_id, holds) if holds else None
-        with rank_pools(student):  # the distributed cases share their ranks
-            for name, found, args in plan:
-                channel.send("case-start", exercise=exercise_id, case=name)
-                outcome = run_case(found.using(name), student, ctx, args, limit, held)
-                channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
-        del held
-        channel.send("exercise-done", exercise=exercise_id, changed=changed_since(before, watched))
+                continue
+            student = Student(namespace, ex.function, ex.notebook)
+            holds = {n for _, found, _ in plan for n in found.holds}
+            held = held_namespace(channel, reply_fd, nonce, exercise_id, holds) if holds else None
+            # Ranks forked while a reference is here serve only the exercise that holds it.
+            with rank_pools(student) if held is not None else contextlib.nullcontext():
+                for name, found, args in plan:
+                    channel.send("case-start", exercise=exercise_id, case=name)
+                    outcome = run_case(found.using(name), student, ctx, args, limit, held)
+                    channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
+            del held
+            changed = changed_since(before, watched)
+            channel.send("exercise-done", exercise=exercise_id, changed=changed)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 `run_isolated` is the one entry: it runs every exercise's cases and returns what the children
 reported (`Collected`). Student code runs only in the children (grader.sandbox.child), behind
 the fence (grader.sandbox.fence); this process reads their frames and decides nothing about
-the student's code beyond where a child stopped and why.
+the student's code beyond where a child stopped and why. Each notebook has children, a
+scratch folder and a log of its own, so the notebooks of a submission may run side by side.
 
 Limits stop loops, not slow correct code:
 - a case may use `check_seconds` of *processor* time (per thread), which a busy machine does
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -303,6 +305,7 @@ def base_environment() -> dict[str, str]:
         MPLBACKEND="Agg",
         DPLAB_OFFLINE="1",
         DPLAB_DEVICES=grading_mode(),  # the same devices for every submission on this machine
+        DPLAB_DATA_SOURCE="sample",  # the same data on every machine, full set installed or not
         PYTHONDONTWRITEBYTECODE="1",
     )
     return env
@@ -415,7 +418,7 @@ def run_child(
             "scratch": str(scratch),
             "private": [str(p) for p in private_paths()],
             "check_seconds": limits.check_seconds,
-            "skip": collected.skip,
+            "skip": {name: list(collected.skip.get(name, [])) for name in sub.notebooks},
             "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
             "exercises": [
                 [ex, [[name, list(case.origin), args] for name, case, args in plan]]
@@ -567,10 +570,42 @@ def run_isolated(
     limits: Limits,
     threads: int,
     phases: Phases | None = None,
+    side_by_side: int = 1,
 ) -> Collected:
-    """Run every exercise's cases in fenced children, restarting after a child stops early."""
+    """Run every exercise's cases in fenced children, one notebook's at a time or, with
+    `side_by_side` above 1, that many notebooks' at once (each in a scratch folder of its
+    own); a child that stops early is followed by another."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
+    notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
+
+    def run(notebook: str) -> None:
+        mine = [ex for ex in todo if ex.notebook == notebook]
+        run_notebook(sub, mine, checks, seed, limits, threads, collected)
+
+    if side_by_side > 1 and len(notebooks) > 1:
+        with ThreadPoolExecutor(min(side_by_side, len(notebooks))) as pool:
+            for done in [pool.submit(run, notebook) for notebook in notebooks]:
+                done.result()
+    else:
+        for notebook in notebooks:
+            run(notebook)
+    return collected
+
+
+def run_notebook(
+    sub: Submission,
+    todo: list,
+    checks: dict[str, list],
+    seed: int,
+    limits: Limits,
+    threads: int,
+    collected: Collected,
+) -> None:
+    """Run the cases of `todo`, exercises of one notebook, in fenced children, restarting
+    after a child stops early. One child per notebook: each notebook's exercises start from
+    a process that has run no other notebook's code (whose autograd threads, for one, would
+    stop the distributed exercises from forking their ranks)."""
     base = Context(seed)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         scratch = Path(tmp)
@@ -580,19 +615,16 @@ def run_isolated(
         scratch.chmod(0o700)
         (scratch / "tmp").mkdir()
         while todo:
-            # One child per notebook: each notebook's exercises start from a process that
-            # has run no other notebook's code (whose autograd threads, for one, would stop
-            # the distributed exercises from forking their ranks).
-            batch = [ex for ex in todo if ex.notebook == todo[0].notebook]
             plans = {
                 ex.id: [
                     (c.name, c, c.arguments(base.for_case(c.name)))
                     for c in unique_cases(checks[ex.id])
                     if c.name not in collected.outcomes.get(ex.id, {})
                 ]
-                for ex in batch
+                for ex in todo
             }
-            before = sum(map(len, collected.outcomes.values())) + len(collected.changed)
+            before = sum(len(collected.outcomes.get(ex.id, {})) for ex in todo)
+            before += sum(ex.id in collected.changed for ex in todo)
             stop = run_child(sub, plans, seed, limits, threads, scratch, collected)
             match stop.on:
                 case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
@@ -602,7 +634,7 @@ def run_isolated(
                         "while running it"
                     )
                 case OnNotebook(notebook):
-                    for ex in batch:
+                    for ex in todo:
                         if ex.notebook == notebook:
                             collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
                 case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
@@ -610,15 +642,15 @@ def run_isolated(
                 case OnExercise(exercise):
                     collected.stopped[exercise] = stop.reason
                 case None if stop.reason:
-                    first = next(ex.id for ex in batch if ex.id not in collected.changed)
+                    first = next(ex.id for ex in todo if ex.id not in collected.changed)
                     collected.stopped[first] = stop.reason
-            progress = sum(map(len, collected.outcomes.values())) + len(collected.changed)
+            progress = sum(len(collected.outcomes.get(ex.id, {})) for ex in todo)
+            progress += sum(ex.id in collected.changed for ex in todo)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
-                stuck = next(ex for ex in batch if ex.id not in collected.changed)
+                stuck = next(ex for ex in todo if ex.id not in collected.changed)
                 collected.stopped[stuck.id] = "the grading process ended without a report"
             todo = [
                 ex
                 for ex in todo
                 if ex.id not in collected.changed and ex.id not in collected.stopped
             ]
-    return collected
