@@ -584,9 +584,12 @@ def run_isolated(
         run_notebook(sub, mine, checks, seed, limits, threads, collected)
 
     if side_by_side > 1 and len(notebooks) > 1:
-        with ThreadPoolExecutor(min(side_by_side, len(notebooks))) as pool:
+        pool = ThreadPoolExecutor(min(side_by_side, len(notebooks)))
+        try:
             for done in [pool.submit(run, notebook) for notebook in notebooks]:
                 done.result()
+        finally:  # on Ctrl-C, the caller stops the children (stop_all_children): no waiting
+            pool.shutdown(wait=False, cancel_futures=True)
     else:
         for notebook in notebooks:
             run(notebook)
