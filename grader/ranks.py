@@ -250,7 +250,6 @@ def _in_pool(factory: Callable, function: str, states: tuple) -> Any:
     """In a rank of a pool: start from the random states of the case that asked (as a rank
     forked for it would), then run what `factory(student)` returns, for the exercise's
     `function` in the namespace the pool was opened for."""
-
     import random
     import sys
 

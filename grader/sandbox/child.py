@@ -115,6 +115,35 @@ def changed_since(before: dict[str, int], watched: dict[str, object]) -> list[st
     return sorted({k.removesuffix(".__code__") for k, v in before.items() if now.get(k) != v})
 
 
+def load(
+    notebook: str, request: dict, channel: Channel, limit: float | None
+) -> dict | NotebookError:
+    """Load a notebook of the submission, reporting each statement; return its namespace, or
+    the error that kept it from loading."""
+    manifest = load_manifest()
+    channel.send("loading", notebook=notebook)
+    try:
+        skip = frozenset(tuple(s) for s in request["skip"].get(notebook, []))
+        started = time.perf_counter()
+        result = load_notebook(
+            Path(request["notebooks"][notebook]),
+            manifest.training_functions,
+            module_name=f"submission_{Path(notebook).stem}",
+            statement_seconds=limit,
+            skip_statements=skip,
+            before_statement=lambda cell, line: channel.send(
+                "statement", notebook=notebook, cell=cell, line=line
+            ),
+        )
+    except NotebookError as error:
+        channel.send("loaded", notebook=notebook, notes=[str(error)], failed=True)
+        return error
+    channel.send(
+        "loaded", notebook=notebook, notes=result.notes, seconds=time.perf_counter() - started
+    )
+    return result.namespace
+
+
 def main(request_path: str, report_fd: int | None = None, reply_fd: int | None = None) -> None:
     """Run the request at `request_path`; the pipes' descriptors are in it unless given."""
     request = torch.load(request_path, weights_only=True)
@@ -145,32 +174,11 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
                 continue
             channel.send("exercise-start", exercise=exercise_id)
             if ex.notebook not in loaded:
-                channel.send("loading", notebook=ex.notebook)
-                try:
-                    skip = frozenset(tuple(s) for s in request["skip"].get(ex.notebook, []))
-                    load_started = time.perf_counter()
-                    result = load_notebook(
-                        Path(request["notebooks"][ex.notebook]),
-                        manifest.training_functions,
-                        module_name=f"submission_{Path(ex.notebook).stem}",
-                        statement_seconds=limit,
-                        skip_statements=skip,
-                        before_statement=lambda cell, line, nb=ex.notebook: channel.send(
-                            "statement", notebook=nb, cell=cell, line=line
-                        ),
-                    )
-                    loaded[ex.notebook] = result.namespace
+                loaded[ex.notebook] = load(ex.notebook, request, channel, limit)
+                if not isinstance(loaded[ex.notebook], NotebookError):
                     # The notebook's distributed exercises share their ranks (grader.ranks).
-                    pools.enter_context(rank_pools(Student(result.namespace, "", ex.notebook)))
-                    channel.send(
-                        "loaded",
-                        notebook=ex.notebook,
-                        notes=result.notes,
-                        seconds=time.perf_counter() - load_started,
-                    )
-                except NotebookError as error:
-                    loaded[ex.notebook] = error
-                    channel.send("loaded", notebook=ex.notebook, notes=[str(error)], failed=True)
+                    student = Student(loaded[ex.notebook], "", ex.notebook)
+                    pools.enter_context(rank_pools(student))
             namespace = loaded[ex.notebook]
             if isinstance(namespace, NotebookError):
                 channel.send(
