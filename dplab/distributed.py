@@ -236,8 +236,9 @@ def _one_run(
             timeout=timedelta(seconds=init_timeout),
         )
         result = fn(*args, **kwargs)
-        with open(folder / f"rank{rank}.result", "wb") as f:
+        with open(folder / f"rank{rank}.partial", "wb") as f:
             pickle.dump(_plain(result), f)
+        os.replace(folder / f"rank{rank}.partial", folder / f"rank{rank}.result")  # whole
         # No rank leaves before all have finished: one that left early would close its
         # connections under the others (still connecting, or sending to it). A rank that
         # skipped a call the others make waits here, and the parent says so.
@@ -543,6 +544,13 @@ def _parent_waits(
                 None,
                 [group.output(r) for r in range(nprocs)],
             )
+        if stuck and grace_until is None and all(group.returned(r) for r in range(nprocs)):
+            # Every rank's function has returned, so none waits for the code any more: what
+            # is left (the ranks' last wait for each other, then leaving) is the launcher's
+            # own, and a machine busy enough can stall it. The results are whole: take them.
+            group.kill()
+            group.status.update(dict.fromkeys(range(nprocs), 0))
+            break
         if stuck and grace_until is None:
             stacks = group.where()
             group.kill()

@@ -6,6 +6,7 @@ trains LeNet with the reference `train_ddp` in two processes and replays the run
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,23 @@ def test_a_rank_that_a_run_changed_serves_no_more_and_may_fail_the_run():
     with RankPool(still_clean=mark_test(raising=True)) as pool:
         failed = pool.run_each([(leaves_a_mark, 2)], backend="gloo")[0]
     assert isinstance(failed, RankFailed) and "a run changed MARKS" in str(failed)
+
+
+def stalls_after_each_run():
+    def test() -> bool:
+        time.sleep(60)  # the launcher's own step after a run, stalled (a very busy machine)
+        return True
+
+    return test
+
+
+def test_a_group_whose_every_rank_returned_gives_its_results_though_it_then_stalls():
+    with RankPool(still_clean=stalls_after_each_run) as pool:
+        stalled = pool.run_each([(who_and_how_many, 2)], backend="gloo", idle_timeout=2)[0]
+        after = pool.run_each([(who_and_how_many, 2)], backend="gloo", idle_timeout=2)[0]
+        assert pool.forks == 4  # the stalled ranks were stopped, and new ones forked
+    assert [r[1:] for r in stalled.results] == [(0, 2), (1, 2)]
+    assert {r[0] for r in after.results}.isdisjoint(r[0] for r in stalled.results)
 
 
 def test_bad_arguments_say_what_is_wrong():
