@@ -47,7 +47,7 @@ def _run(ex: Exercise, namespace: dict, hidden: bool) -> list[CheckResult]:
     known = reference_if_available(ex.notebook)  # the instructor's side only
     ctx = Context(seed, grading_devices(DEVICES), known if hidden else None)
     student = Student(namespace, ex.function, "this notebook")
-    with rank_pools(student):  # the distributed cases share their ranks
+    with rank_pools(namespace, "this notebook"):  # the distributed cases share their ranks
         outcomes = run_checks(checks, student, ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex)).checks
 

@@ -21,7 +21,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -168,24 +168,32 @@ def group_record(done: Launched | LaunchError) -> dict:
     return {"ranks": done.results, "outputs": [o[-2000:] for o in done.outputs]}
 
 
-# The pool open now, the student's namespace and notebook it was opened for, and the names of
-# what the grading child watched then (see rank_pools and pool_key).
-_pools: list[tuple[RankPool, dict, str, frozenset[str]]] = []
+class _Open(NamedTuple):
+    """A pool open now (see rank_pools), the notebook it was opened for, and the names of what
+    the grading child watched then (see pool_key)."""
+
+    pool: RankPool
+    namespace: dict
+    where: str
+    watched: frozenset[str]
+
+
+_pools: list[_Open] = []
 
 
 @contextlib.contextmanager
-def rank_pools(student) -> Iterator[RankPool]:
-    """Let the cases run in the block share their ranks, for any exercise of `student`'s
-    notebook (its namespace): each size's ranks are forked once, at the first case that needs
-    them, and serve the later cases, each in a new process group (dplab.distributed.RankPool).
-    Ranks are forked again whenever what they would start from has changed (`pool_key`), or
-    a case's run changed anything the grading relies on in them (see `unchanged`); they all
-    stop at the end of the block. A block opened inside another has ranks of its own."""
+def rank_pools(namespace: dict, where: str) -> Iterator[RankPool]:
+    """Let the cases run in the block share their ranks, for any exercise of the notebook
+    whose names are `namespace` (`where` names it): each size's ranks are forked once, at
+    the first case that needs them, and serve the later cases, each in a new process group
+    (dplab.distributed.RankPool). Ranks are forked again whenever what they would start from
+    has changed (`pool_key`), or a case's run changed anything the grading relies on in them
+    (see `unchanged`); they all stop at the end of the block. A block opened inside another
+    has ranks of its own."""
     from grader.sandbox.child import fingerprint, watched_objects
 
     with RankPool(still_clean=unchanged) as pool:
-        watched = frozenset(fingerprint(watched_objects()))
-        _pools.append((pool, student.namespace, student.where, watched))
+        _pools.append(_Open(pool, namespace, where, frozenset(fingerprint(watched_objects()))))
         try:
             yield pool
         finally:
@@ -257,8 +265,7 @@ def _in_pool(factory: Callable, function: str, states: tuple) -> Any:
     random.setstate(states[1])
     if states[2] is not None and "numpy" in sys.modules:
         sys.modules["numpy"].random.set_state(states[2])
-    _, namespace, where, _ = _pools[-1]
-    return factory(Student(namespace, function, where))()
+    return factory(Student(_pools[-1].namespace, function, _pools[-1].where))()
 
 
 def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
@@ -279,11 +286,10 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         idle_timeout=IDLE_SECONDS,
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
     )
-    if _pools and _pools[-1][1] is student.namespace:  # in rank_pools, for this notebook
-        pool, _, _, watched = _pools[-1]
+    if _pools and _pools[-1].namespace is student.namespace:  # in rank_pools, for this notebook
         run = functools.partial(_in_pool, factory, student.function, _random_states())
-        key = pool_key(student, watched)
-        launched = pool.run_each([(run, n) for n in sizes], key=key, **limits)
+        key = pool_key(student, _pools[-1].watched)
+        launched = _pools[-1].pool.run_each([(run, n) for n in sizes], key=key, **limits)
     else:
         launched = launch_each([(lambda: factory(student)(), n) for n in sizes], **limits)
     groups = []

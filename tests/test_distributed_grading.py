@@ -214,7 +214,7 @@ path = REPO / "solutions" / manifest.assignment / "distributed.ipynb"
 namespace = load_notebook(path, manifest.training_functions, module_name="nb").namespace
 ctx = Context(0, grading_devices(2))
 scores = {}
-with rank_pools(Student(namespace, "", "distributed.ipynb")) as pool:
+with rank_pools(namespace, "distributed.ipynb") as pool:
     for exercise_id in ("average_gradients", "evaluate_accuracy_distributed"):
         ex = manifest.exercise(exercise_id)
         checks = public_checks(ex)

@@ -177,8 +177,7 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
                 loaded[ex.notebook] = load(ex.notebook, request, channel, limit)
                 if not isinstance(loaded[ex.notebook], NotebookError):
                     # The notebook's distributed exercises share their ranks (grader.ranks).
-                    student = Student(loaded[ex.notebook], "", ex.notebook)
-                    pools.enter_context(rank_pools(student))
+                    pools.enter_context(rank_pools(loaded[ex.notebook], ex.notebook))
             namespace = loaded[ex.notebook]
             if isinstance(namespace, NotebookError):
                 channel.send(
@@ -192,7 +191,8 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
             holds = {n for _, found, _ in plan for n in found.holds}
             held = held_namespace(channel, reply_fd, nonce, exercise_id, holds) if holds else None
             # Ranks forked while a reference is here serve only the exercise that holds it.
-            with rank_pools(student) if held is not None else contextlib.nullcontext():
+            fresh = held is not None
+            with rank_pools(namespace, ex.notebook) if fresh else contextlib.nullcontext():
                 for name, found, args in plan:
                     channel.send("case-start", exercise=exercise_id, case=name)
                     outcome = run_case(found.using(name), student, ctx, args, limit, held)

@@ -13,10 +13,10 @@ Two layers:
 One exception, for the distributed exercises: the lab's launcher (`dplab.distributed`, and
 no other code) may fork the ranks of a process group. The ranks stay behind the same fence
 (they inherit its namespaces, user id, limits and audit hook), talk to each other over the
-child's own loopback (gloo's sockets), and end with their exercise at the latest: the launcher
+child's own loopback (gloo's sockets), and end with their child at the latest: the launcher
 stops them when they fail, wait on each other or pass their processor-time limit, the cases of
-one exercise share them only while no case changes them (grader.ranks), and the grader stops
-the child's whole process group when it stops the child.
+a notebook's exercises share them only while no case changes them (grader.ranks), and the
+grader stops the child's whole process group when it stops the child.
 
 The audit layer alone can be got round with ctypes; it is the fallback where the system
 allows no namespaces (`describe()` says which layers are on).

@@ -91,6 +91,10 @@ class Collected:
     skip_notes: dict[str, list[str]] = field(default_factory=dict)  # why they were skipped
     phases: Phases = field(default_factory=Phases)  # where the time went
 
+    def progress(self, exercises: list) -> int:
+        """Return how many cases of `exercises` have an outcome, plus those found tampering."""
+        return sum(len(self.outcomes.get(ex.id, {})) + (ex.id in self.changed) for ex in exercises)
+
 
 # ---- where a child was when it stopped ---------------------------------------------------
 
@@ -626,8 +630,7 @@ def run_notebook(
                 ]
                 for ex in todo
             }
-            before = sum(len(collected.outcomes.get(ex.id, {})) for ex in todo)
-            before += sum(ex.id in collected.changed for ex in todo)
+            before = collected.progress(todo)
             stop = run_child(sub, plans, seed, limits, threads, scratch, collected)
             match stop.on:
                 case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
@@ -636,10 +639,9 @@ def run_notebook(
                         f"code cell {cell}, line {line}: skipped, because {stop.reason} "
                         "while running it"
                     )
-                case OnNotebook(notebook):
+                case OnNotebook(notebook):  # every exercise of `todo` is in it
                     for ex in todo:
-                        if ex.notebook == notebook:
-                            collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
+                        collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
                 case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
                     collected.outcomes.setdefault(exercise, {})[case] = {"stopped": stop.reason}
                 case OnExercise(exercise):
@@ -647,8 +649,7 @@ def run_notebook(
                 case None if stop.reason:
                     first = next(ex.id for ex in todo if ex.id not in collected.changed)
                     collected.stopped[first] = stop.reason
-            progress = sum(len(collected.outcomes.get(ex.id, {})) for ex in todo)
-            progress += sum(ex.id in collected.changed for ex in todo)
+            progress = collected.progress(todo)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
                 stuck = next(ex for ex in todo if ex.id not in collected.changed)
                 collected.stopped[stuck.id] = "the grading process ended without a report"
