@@ -254,6 +254,22 @@ class _Move(torch.autograd.Function):
             return StandInTensor(backing(grad).clone(), ctx.source), None
 
 
+def _map(fn, x):
+    """Apply `fn` to every leaf of nested tuples, lists and dicts (torch's tree_map, without
+    its bookkeeping: this runs for every operation on a stand-in, and plain containers are
+    all that operations take and give)."""
+    kind = type(x)
+    if kind is tuple:
+        return tuple([_map(fn, v) for v in x])
+    if kind is list:
+        return [_map(fn, v) for v in x]
+    if kind is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    if isinstance(x, tuple | list | dict):  # named tuples and other kinds: the general map
+        return tree_map(fn, x)
+    return fn(x)
+
+
 def _run(func, args, kwargs):
     """Run one operation on the backing tensors and wrap its results on the right stand-in."""
     indices: set[int] = set()
@@ -269,8 +285,8 @@ def _run(func, args, kwargs):
             others.append(str(x.device))
         return x
 
-    plain_args = tree_map(unwrap, args)
-    plain_kwargs = tree_map(unwrap, kwargs)
+    plain_args = _map(unwrap, args)
+    plain_kwargs = _map(unwrap, kwargs)
     target = plain_kwargs.get("device")
     if func in _MIXED_OK:  # copy_ moves data across devices, as on GPUs: the result is `self`
         out = func(*plain_args, **plain_kwargs)
@@ -296,7 +312,7 @@ def _run(func, args, kwargs):
             return same if same is not None else StandInTensor(x, index)
         return x
 
-    return tree_map(wrap, out)
+    return _map(wrap, out)
 
 
 # Indexing takes CPU index tensors on a GPU tensor; so it does on a stand-in.

@@ -311,6 +311,13 @@ def short(value: Any, limit: int = 12) -> str:
             head = ", ".join(f"{v:.4g}" for v in value.flatten()[:4].tolist())
             body = f"shape {tuple(value.shape)} starting [{head}, ...]"
         return f"{body} ({str(value.dtype).removeprefix('torch.')})"
+    if isinstance(value, list | tuple):  # each item briefly: a tensor's repr runs to pages
+        items = [short(item, limit) for item in value[:4]]
+        if len(value) > 4:
+            items.append(f"... {len(value)} items in all")
+        if isinstance(value, list):
+            return f"[{', '.join(items)}]"
+        return f"({', '.join(items)}{',' if len(value) == 1 else ''})"
     return repr(value)
 
 

@@ -57,8 +57,6 @@ def prefetch_references(sub: Submission) -> None:
     the children start and run, this process has nothing else to do)."""
 
     def load() -> None:
-        import torch._dynamo  # noqa: F401  (the hidden checks' optimizers import it: 1.2 s)
-
         for notebook in dict.fromkeys(ex.notebook for ex in sub.exercises):
             if available(notebook):
                 try:

@@ -17,10 +17,8 @@ SAME_TENSOR_HINT = (
 
 def copies_of(seen, count: int = 8) -> list[SeenTensor]:
     """Return the copies as a list of tensors, or fail saying what came back instead."""
-    expect(
-        isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen),
-        f"get_params returned {short(seen)}, expected a list of {count} tensors",
-    )
+    if not (isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen)):
+        raise Fail(f"get_params returned {short(seen)}, expected a list of {count} tensors")
     expect(len(seen) == count, f"get_params returned {len(seen)} tensors for {count} parameters")
     return list(seen)
 
@@ -96,7 +94,8 @@ def b1_is_twenty_zeros_with_no_grad(seen, ctx):
     """The book's demo: the copy of b1 is 20 zeros and its grad is None."""
     b1 = seen["copies"][1]
     expect_equal(b1, torch.zeros(20), "the copy of b1")
-    expect(b1.grad is None, f"the copy of b1 already has a grad: {short(b1.grad)}")
+    if b1.grad is not None:
+        raise Fail(f"the copy of b1 already has a grad: {short(b1.grad)}")
 
 
 @check(

@@ -2,7 +2,7 @@
 
 import torch
 
-from grader.api import case, check, error_hints, expect, expect_equal, short
+from grader.api import Fail, case, check, error_hints, expect, expect_equal, short
 from grader.fixtures import cycle
 from grader.sandbox.transport import SeenTensor
 
@@ -11,17 +11,15 @@ UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
 
 def shards_of(seen, what: str) -> list[SeenTensor]:
     """Return a list of shards, or fail saying what came back instead."""
-    ok = isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen)
-    expect(ok, f"the {what} shards came back as {short(seen)}, expected a sequence of tensors")
+    if not (isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen)):
+        raise Fail(f"the {what} shards came back as {short(seen)}, expected a sequence of tensors")
     return list(seen)
 
 
 def pair_of(seen) -> tuple[list[SeenTensor], list[SeenTensor]]:
     """Return (X shards, y shards) from split_batch's result."""
-    expect(
-        isinstance(seen, list | tuple) and len(seen) == 2,
-        f"split_batch returned {short(seen)}, expected a pair (X shards, y shards)",
-    )
+    if not (isinstance(seen, list | tuple) and len(seen) == 2):
+        raise Fail(f"split_batch returned {short(seen)}, expected a pair (X shards, y shards)")
     return shards_of(seen[0], "X"), shards_of(seen[1], "y")
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from grader.api import case, check, error_hints, expect, expect_close, returned
+from grader.fixtures import quiet_plots, sgd_step
 from grader.ranks import apart, groups_finished, in_every_size, in_rank
 from grader.sandbox.transport import SeenTensor
 
@@ -85,7 +86,8 @@ def training_body(student, seed: int, num_epochs: int, batch_size: int, lr: floa
             NotedDataset(*sets["train"], "train", log),
             NotedDataset(*sets["test"], "test", log),
         )
-        outcome = in_rank(lambda: student.fn(net, num_epochs, batch_size, lr, data=data))
+        with quiet_plots(student, []):
+            outcome = in_rank(lambda: student.fn(net, num_epochs, batch_size, lr, data=data))
         history = outcome["returned"]
         outcome["returned"] = (
             [float(a) for a in history]
@@ -161,12 +163,11 @@ def replay_on(
     ranks' mean losses), with plain SGD; return it."""
     net.load_state_dict(plain_state(ranks[0]["first"]))
     steps = [training_steps(r["log"]) for r in ranks]
-    optimizer = torch.optim.SGD(net.parameters(), lr)
     for shares in zip(*steps, strict=False):
-        optimizer.zero_grad()
+        net.zero_grad()
         losses = [nn.functional.cross_entropy(net(X[idx]), y[idx]) for idx in shares if idx]
         (sum(losses) / len(shares)).backward()
-        optimizer.step()
+        sgd_step(net.parameters(), lr)
     return net
 
 

@@ -15,7 +15,6 @@ costs the summary and the returned history, not the loop.
 import contextlib
 import io
 import re
-from unittest import mock
 
 import torch
 
@@ -25,7 +24,7 @@ from grader.fixtures import (
     FirstBatches,
     RecordedBatches,
     batch_name,
-    quiet_animator,
+    quiet_plots,
     sample_images,
     which_replica,
 )
@@ -53,17 +52,6 @@ def tiny_batches() -> dict[str, list]:
         "train": [sample_images(8, start=8 * i) for i in range(3)],
         "test": [sample_images(8, start=8 * i, split="test") for i in range(2)],
     }
-
-
-@contextlib.contextmanager
-def quiet_plots(student, log: list):
-    """Swap the Animator (under any name the student uses) for one that only records."""
-    quiet = quiet_animator(log)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(dplab, "Animator", quiet))
-        if "Animator" in student.namespace:
-            stack.enter_context(student.replaced(Animator=quiet))
-        yield
 
 
 @case

@@ -13,6 +13,7 @@ from grader.checks.train_dataparallel import (
     training_run,
 )
 from grader.checks.train_loop import summary
+from grader.fixtures import sgd_step
 
 ten_epochs_without_batch_norm = training_run.using(
     "ten_epochs_without_batch_norm",
@@ -33,12 +34,11 @@ def training_matches_plain_sgd(seen, ctx):
     start = {k: v.value for k, v in the_wrap(seen)["state"].items()}
     net = tiny_net(0, batch_norm=False)
     net.load_state_dict(start)
-    optimizer = torch.optim.SGD(net.parameters(), LR)
     for _ in range(EPOCHS):
         for X, y in tiny_batches()["train"]:
-            optimizer.zero_grad()
+            net.zero_grad()
             nn.functional.cross_entropy(net(X), y).backward()
-            optimizer.step()
+            sgd_step(net.parameters(), LR)
     for name, wanted in net.state_dict().items():
         expect_close(seen["final"][name], wanted, f"{name} after training", rtol=1e-3, atol=1e-5)
 

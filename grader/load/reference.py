@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 from grader.authoring import cells_by_grade_id
-from grader.load.notebook import load_notebook, read_cells
+from grader.load.notebook import load_cells, read_cells
 from grader.manifest import load_manifest, solutions_dir
 
 _lock = threading.Lock()
@@ -34,16 +34,21 @@ def _load(notebook: str) -> dict:
     path = solutions_dir() / notebook
     if not path.is_file():
         raise FileNotFoundError(f"the reference solution {path} is missing; hidden checks need it")
-    return load_notebook(
+    manifest = load_manifest()
+    functions = [ex.function for ex in manifest.in_notebook(notebook)]
+    return load_cells(
+        held_sources(notebook, functions),
         path,
-        load_manifest().training_functions,
+        manifest.training_functions,
         module_name=f"reference_{Path(notebook).stem}",
         label=REFERENCE_CELL,
     ).namespace
 
 
 def reference(notebook: str) -> dict:
-    """Return the names defined by the reference solution of `notebook` (instructor side)."""
+    """Return the names defined by the reference solution of `notebook` (instructor side):
+    its set-up cells and its solution cells, run in order. Its demos (loading the data,
+    printing, plotting) are left out: no check needs them, and they would cost a second."""
     with _lock:
         return _load(notebook)
 

@@ -42,6 +42,7 @@ from grader.api import Case, Context
 from grader.load.reference import available, held_sources
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
+from grader.ranks import starts_processes
 from grader.sandbox import forkserver
 from grader.sandbox.fence import choose_fence, limit_process, next_child_uid, private_paths
 from grader.sandbox.frames import FrameReader, send_reply
@@ -582,6 +583,9 @@ def run_isolated(
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
+    # A notebook whose cases start process groups takes longest: it starts first, and the
+    # others share the cores left beside it.
+    notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
 
     def run(notebook: str) -> None:
         mine = [ex for ex in todo if ex.notebook == notebook]
