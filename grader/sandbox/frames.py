@@ -1,27 +1,136 @@
-"""The two pipes between the grader and its child: length-prefixed frames made by torch.save.
+"""The two pipes between the grader and its child: length-prefixed frames of plain data.
 
 The child writes its progress on one pipe (`Channel`); the grader reads it (`FrameReader`),
 checking the run's nonce and the frames' order so that student code cannot forge a report
 it did not also know the nonce of. The grader answers a request (the reference cells a case
 holds) on the second pipe (`send_reply`), which the child reads with `read_reply`.
-Frames are read with `torch.load(weights_only=True)`, which runs no code.
+
+A frame is JSON (dicts with string keys, lists, strings, numbers, booleans, None) followed by
+the raw bytes of the dense CPU tensors it holds, each named in the JSON by its dtype and
+shape: reading it parses JSON and copies bytes, and runs no code. A frame holding anything
+else (a tuple, another kind of tensor) is written with `torch.save` instead and read with
+`torch.load(weights_only=True)`, which runs no code either; it is slower by far (a grade's
+frames took 0.7 s of the grader's time that way, 0.1 s as JSON).
 """
 
 import io
+import json
+import math
+import numbers
 import os
 import struct
 
 import torch
 
 MAX_FRAME = 512 * 2**20
+JSON_FRAME = b"J"  # a frame written by torch.save starts with the zip signature, b"PK"
+TENSOR_KEY = "\x00tensor"  # {TENSOR_KEY: i} stands for the frame's i-th tensor
+DTYPES = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    )  # fmt: skip
+}
+
+
+class _NotPlain(Exception):
+    """The frame holds something that JSON and dense tensors do not carry exactly."""
+
+
+def _plain(value, tensors: list[torch.Tensor]):
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    for number, plain in ((numbers.Integral, int), (numbers.Real, float), (str, str)):
+        if isinstance(value, number):  # NumPy's numbers, enums and the like: the plain value
+            return plain(value)
+    if kind is list:
+        return [_plain(v, tensors) for v in value]
+    if kind is dict:
+        if TENSOR_KEY in value or any(type(k) is not str for k in value):
+            raise _NotPlain
+        return {k: _plain(v, tensors) for k, v in value.items()}
+    if (
+        kind is torch.Tensor
+        and value.layout == torch.strided
+        and value.device.type == "cpu"
+        and not value.requires_grad
+        and str(value.dtype).removeprefix("torch.") in DTYPES
+    ):
+        tensors.append(value)
+        return {TENSOR_KEY: len(tensors) - 1}
+    raise _NotPlain
 
 
 def encode(frame: dict) -> bytes:
     """Return `frame` as one length-prefixed frame."""
-    buffer = io.BytesIO()
-    torch.save(frame, buffer)
-    data = buffer.getvalue()
+    tensors: list[torch.Tensor] = []
+    try:
+        body = _plain(frame, tensors)
+    except (_NotPlain, RecursionError):
+        buffer = io.BytesIO()
+        torch.save(frame, buffer)
+        data = buffer.getvalue()
+        return struct.pack(">Q", len(data)) + data
+    raw = [t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
+    specs = [
+        [str(t.dtype).removeprefix("torch."), list(t.shape), len(r)]
+        for t, r in zip(tensors, raw, strict=True)
+    ]
+    text = json.dumps({"frame": body, "tensors": specs}).encode()
+    data = JSON_FRAME + struct.pack(">Q", len(text)) + text + b"".join(raw)
     return struct.pack(">Q", len(data)) + data
+
+
+def decode(payload: bytes):
+    """Return the frame in `payload`; raise ValueError (or another error) if it is not one."""
+    if not payload.startswith(JSON_FRAME):
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    (size,) = struct.unpack(">Q", payload[1:9])
+    parsed = json.loads(payload[9 : 9 + size])
+    raw = memoryview(payload)[9 + size :]
+    tensors, offset = [], 0
+    for spec in parsed["tensors"]:
+        name, shape, nbytes = spec
+        dtype = DTYPES[name]
+        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+            raise ValueError("a tensor's shape is not a list of sizes")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if type(nbytes) is not int or nbytes != math.prod(shape) * itemsize:
+            raise ValueError("a tensor's size does not match its shape")
+        if offset + nbytes > len(raw):
+            raise ValueError("a tensor's bytes run past the frame")
+        data = bytearray(raw[offset : offset + nbytes])
+        offset += nbytes
+        flat = torch.frombuffer(data, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
+        tensors.append(flat.reshape(shape))
+    if offset != len(raw):
+        raise ValueError("a frame has bytes that no tensor owns")
+    return _with_tensors(parsed["frame"], tensors)
+
+
+def _with_tensors(value, tensors: list[torch.Tensor]):
+    if isinstance(value, list):
+        return [_with_tensors(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if TENSOR_KEY in value:
+            (index,) = value.values()  # exactly one key: anything else is not a frame
+            if type(index) is not int or not 0 <= index < len(tensors):
+                raise ValueError("a frame names a tensor it does not hold")
+            return tensors[index]
+        return {k: _with_tensors(v, tensors) for k, v in value.items()}
+    return value
 
 
 def write_all(fd: int, payload: bytes) -> None:
@@ -45,7 +154,7 @@ class FrameReader:
     """The grader's end of the report pipe: parse frames, checking the nonce and the order."""
 
     def __init__(self, nonce: str) -> None:
-        self.nonce, self.buffer, self.seq, self.broken = nonce, b"", 0, ""
+        self.nonce, self.buffer, self.seq, self.broken = nonce, bytearray(), 0, ""
 
     def feed(self, data: bytes) -> list[dict]:
         """Take the bytes read so far; return the frames they complete."""
@@ -58,9 +167,10 @@ class FrameReader:
                 break
             if len(self.buffer) < 8 + size:
                 break
-            payload, self.buffer = self.buffer[8 : 8 + size], self.buffer[8 + size :]
+            payload = bytes(self.buffer[8 : 8 + size])
+            del self.buffer[: 8 + size]
             try:
-                frame = torch.load(io.BytesIO(payload), weights_only=True)
+                frame = decode(payload)
             except Exception:
                 self.broken = "a message from the grading process could not be read"
                 break
@@ -99,7 +209,7 @@ def read_reply(fd: int, nonce: str) -> dict:
     (size,) = struct.unpack(">Q", exactly(8))
     if size > MAX_FRAME:
         raise ValueError("an oversized reply on the grader's pipe")
-    reply = torch.load(io.BytesIO(exactly(size)), weights_only=True)
+    reply = decode(exactly(size))
     if not isinstance(reply, dict) or reply.get("nonce") != nonce:
         raise ValueError("an unexpected reply on the grader's pipe")
     return reply
