@@ -49,6 +49,7 @@ def test_plain_values_come_back_as_they_were_sent():
     assert back == frame
 
 
+@pytest.mark.filterwarnings("ignore:Validating sparse tensor invariants")
 @pytest.mark.parametrize(
     "value",
     [
