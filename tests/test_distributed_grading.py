@@ -237,3 +237,37 @@ def test_the_exercises_of_a_notebook_share_their_ranks():
     assert said["scores"]["average_gradients"] and all(said["scores"]["average_gradients"])
     evaluate = said["scores"]["evaluate_accuracy_distributed"]
     assert evaluate and all(evaluate)
+
+
+def test_the_judges_network_is_the_same_whatever_another_thread_does_to_the_global_seed():
+    """The class grader judges submissions in threads: the network whose whole-batch gradients
+    the ranks' must equal cannot depend on torch's global generator, which another thread may
+    seed at any moment (a correct submission once lost average_gradients that way)."""
+    import sys
+    import threading
+
+    import torch
+
+    from grader.checks.average_gradients import grad_model
+
+    wanted = [p.detach().clone() for p in grad_model(7).parameters()]
+    stop = threading.Event()
+
+    def reseed():
+        seed = 0
+        while not stop.is_set():
+            seed += 1
+            torch.manual_seed(seed)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    other = threading.Thread(target=reseed)
+    other.start()
+    try:
+        built = [[p.detach().clone() for p in grad_model(7).parameters()] for _ in range(100)]
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+    differing = sum(not all(map(torch.equal, b, wanted)) for b in built)
+    assert differing == 0, f"{differing} of 100 networks built for seed 7 differed"

@@ -174,6 +174,28 @@ def scores(report: Path) -> dict[str, dict[str, float]]:
     }
 
 
+def differences(left: Path, right: Path) -> str:
+    """Describe the exercises scored differently in two reports, with what each report said
+    of them (the checks that did not pass)."""
+
+    def exercises(report: Path) -> dict[tuple[str, str], dict]:
+        return {
+            (s["id"], e["name"]): e
+            for s in json.loads(report.read_text())["submissions"]
+            for e in s["exercises"]
+        }
+
+    a, b = exercises(left), exercises(right)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, {}).get("score") != b.get(key, {}).get("score"):
+            lines.append(f"{key[0]} {key[1]}:")
+            for side, found in ((left.name, a.get(key)), (right.name, b.get(key))):
+                lost = [c for c in (found or {}).get("checks", []) if not c.get("passed")]
+                lines.append(f"  {side}: {(found or {}).get('score')} {json.dumps(lost)[:1500]}")
+    return "\n".join(lines)
+
+
 def test_the_grader_image_grades_a_read_only_class_with_no_network_as_outside(images, tmp_path):
     classroom = tmp_path / "submitted"
     make_class(classroom, 3)  # reference solutions, stubs, catalogued mistakes
@@ -208,7 +230,9 @@ def test_the_grader_image_grades_a_read_only_class_with_no_network_as_outside(im
         timeout=1800,
     )
     assert outside.returncode == 0, outside.stderr[-3000:]
-    assert scores(results / "results.json") == scores(tmp_path / "outside.json")
+    assert scores(results / "results.json") == scores(tmp_path / "outside.json"), differences(
+        results / "results.json", tmp_path / "outside.json"
+    )
 
 
 # ---- compose ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ promises, and look at the all_reduce calls on the way.
 """
 
 import functools
+import math
 
 import torch
 import torch.distributed as dist
@@ -35,13 +36,21 @@ UNCHANGED_HINT = "The gradients came back as each rank's own: all_reduce each pa
 
 
 def grad_model(seed: int, frozen: bool = False) -> nn.Sequential:
-    """Return the checks' small network, the same for a seed in every process; with `frozen`,
-    its first layer does not train (requires_grad False, so no gradient)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = nn.Sequential(
-            nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10)
-        )
+    """Return the checks' small network, the same for a seed in every process and thread; with
+    `frozen`, its first layer does not train (requires_grad False, so no gradient).
+
+    Its weights are drawn as PyTorch's defaults are (uniform within 1/sqrt(fan in)), but from a
+    generator of its own, never from torch's global one: the grader judges submissions in
+    threads, and another thread may seed or draw from the global generator at any moment.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    layers = [nn.utils.skip_init(nn.Linear, n, m) for n, m in ((20, 32), (32, 32), (32, 10))]
+    with torch.no_grad():
+        for layer in layers:
+            bound = 1 / math.sqrt(layer.in_features)
+            layer.weight.uniform_(-bound, bound, generator=gen)
+            layer.bias.uniform_(-bound, bound, generator=gen)
+    net = nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2])
     if frozen:
         net[0].requires_grad_(False)
     return net
