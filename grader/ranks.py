@@ -348,12 +348,15 @@ def apart(fn: Callable[..., Any], *args: Any) -> Any:
     those threads can no longer fork ranks that run backward. The checks of a notebook run in
     its kernel, which launches ranks later, so no judge may leave such threads there. Where
     the threads are already there (the grader's own process, after other exercises), forking
-    could not help, and `fn` runs here.
+    could not help, and `fn` runs here. So it does where other threads run (the class grader
+    judges submissions in threads): a copy forked while another thread held a lock (an import's,
+    an allocator's) would wait for it forever, and such a process forks no ranks.
     """
     import os
     import pickle
+    import threading
 
-    if autograd_threads_started():
+    if autograd_threads_started() or threading.active_count() > 1:
         return fn(*args)
     read_end, write_end = os.pipe()
     pid = os.fork()

@@ -271,3 +271,21 @@ def test_the_judges_network_is_the_same_whatever_another_thread_does_to_the_glob
         sys.setswitchinterval(interval)
     differing = sum(not all(map(torch.equal, b, wanted)) for b in built)
     assert differing == 0, f"{differing} of 100 networks built for seed 7 differed"
+
+
+def test_a_judges_computation_is_not_forked_while_other_threads_run():
+    """A process forked while another thread holds a lock may wait for it forever, which once
+    hung a class grade: where other threads run, `apart` computes in the process itself."""
+    import os
+    import threading
+
+    from grader.ranks import apart
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert apart(os.getpid) == os.getpid()
+    finally:
+        release.set()
+        other.join()

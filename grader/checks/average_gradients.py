@@ -44,7 +44,8 @@ def grad_model(seed: int, frozen: bool = False) -> nn.Sequential:
     threads, and another thread may seed or draw from the global generator at any moment.
     """
     gen = torch.Generator().manual_seed(seed)
-    layers = [nn.utils.skip_init(nn.Linear, n, m) for n, m in ((20, 32), (32, 32), (32, 10))]
+    with torch.random.fork_rng(devices=[]):  # the layers' own initialisation, overwritten below
+        layers = [nn.Linear(n, m) for n, m in ((20, 32), (32, 32), (32, 10))]
     with torch.no_grad():
         for layer in layers:
             bound = 1 / math.sqrt(layer.in_features)
