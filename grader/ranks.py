@@ -340,7 +340,7 @@ def autograd_threads_started() -> bool:
     return False
 
 
-def apart(fn: Callable[..., Any], *args: Any) -> Any:
+def apart(fn: Callable[..., Any], *args: Any, wait: float = 120.0) -> Any:
     """Return `fn(*args)`, computed in a forked process of its own where that matters.
 
     For the judges' own training and backward passes: autograd starts threads for the GPUs
@@ -348,15 +348,16 @@ def apart(fn: Callable[..., Any], *args: Any) -> Any:
     those threads can no longer fork ranks that run backward. The checks of a notebook run in
     its kernel, which launches ranks later, so no judge may leave such threads there. Where
     the threads are already there (the grader's own process, after other exercises), forking
-    could not help, and `fn` runs here. So it does where other threads run (the class grader
-    judges submissions in threads): a copy forked while another thread held a lock (an import's,
-    an allocator's) would wait for it forever, and such a process forks no ranks.
+    could not help, and `fn` runs here. So it does when the copy has not answered within `wait`
+    seconds: a copy forked while another of the process's threads held a lock (an import's,
+    say) can wait for it forever.
     """
     import os
     import pickle
-    import threading
+    import select
+    import signal
 
-    if autograd_threads_started() or threading.active_count() > 1:
+    if autograd_threads_started():
         return fn(*args)
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -375,8 +376,18 @@ def apart(fn: Callable[..., Any], *args: Any) -> Any:
         finally:
             os._exit(code)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as source:
-        data = source.read()
+    chunks, deadline = [], time.monotonic() + wait
+    with os.fdopen(read_end, "rb", buffering=0) as source:
+        while select.select([source], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = source.read(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:  # no answer in time: the copy is stuck, so compute here
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return fn(*args)
+    data = b"".join(chunks)
     os.waitpid(pid, 0)
     kind, value = pickle.loads(data) if data else ("error", "the computation's process died")
     if kind == "error":
