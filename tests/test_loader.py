@@ -1,7 +1,6 @@
 """Loading a notebook as students really write them, without running their training."""
 
 import json
-import time
 
 import pytest
 
@@ -39,9 +38,7 @@ def test_book_import_gives_the_lab_helpers(seed_like):
 
 
 def test_top_level_training_calls_are_not_run(tmp_path):
-    started = time.perf_counter()
     loaded = load_notebook(write_notebook(tmp_path / "notes.ipynb", *SEED_LIKE), TRAINING)
-    assert time.perf_counter() - started < 30
     assert loaded.namespace["calls"] == []
     skipped = [n for n in loaded.notes if "did not run this call of train(...)" in n]
     assert len(skipped) == 2  # the plain call and the one under `if __name__ == '__main__'`

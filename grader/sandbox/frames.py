@@ -10,7 +10,7 @@ the raw bytes of the dense CPU tensors it holds, each named in the JSON by its d
 shape: reading it parses JSON and copies bytes, and runs no code. A frame holding anything
 else (a tuple, another kind of tensor) is written with `torch.save` instead and read with
 `torch.load(weights_only=True)`, which runs no code either; it is slower by far (a grade's
-frames took 0.7 s of the grader's time that way, 0.1 s as JSON).
+frames took 0.84 s of the grader's time that way, 0.16 s as JSON).
 """
 
 import io
@@ -40,7 +40,7 @@ DTYPES = {
         torch.int32,
         torch.int64,
         torch.bool,
-    )  # fmt: skip
+    )
 }
 
 
@@ -106,7 +106,7 @@ def decode(payload: bytes):
         dtype = DTYPES[name]
         if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
             raise ValueError("a tensor's shape is not a list of sizes")
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if type(nbytes) is not int or nbytes != math.prod(shape) * itemsize:
             raise ValueError("a tensor's size does not match its shape")
         if offset + nbytes > len(raw):
