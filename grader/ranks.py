@@ -21,7 +21,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,9 @@ from dplab.distributed import (
     launch_each,
 )
 from grader.api import Crash, Fail, MissingFunction, Raised, Student, attempt, raised_in
+
+if TYPE_CHECKING:
+    from grader.sandbox.child import Snapshot
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
 IDLE_SECONDS = 5.0  # ranks that together compute next to nothing this long are deadlocked
@@ -169,13 +172,13 @@ def group_record(done: Launched | LaunchError) -> dict:
 
 
 class _Open(NamedTuple):
-    """A pool open now (see rank_pools), the notebook it was opened for, and the names of what
-    the grading child watched then (see pool_key)."""
+    """A pool open now (see rank_pools), the notebook it was opened for, and what the grading
+    child watched then (see pool_key)."""
 
     pool: RankPool
     namespace: dict
     where: str
-    watched: frozenset[str]
+    watched: "Snapshot"
 
 
 _pools: list[_Open] = []
@@ -190,10 +193,10 @@ def rank_pools(namespace: dict, where: str) -> Iterator[RankPool]:
     has changed (`pool_key`), or a case's run changed anything the grading relies on in them
     (see `unchanged`); they all stop at the end of the block. A block opened inside another
     has ranks of its own."""
-    from grader.sandbox.child import fingerprint, watched_objects
+    from grader.sandbox.child import Snapshot, watched_objects
 
     with RankPool(still_clean=unchanged) as pool:
-        _pools.append(_Open(pool, namespace, where, frozenset(fingerprint(watched_objects()))))
+        _pools.append(_Open(pool, namespace, where, Snapshot(watched_objects())))
         try:
             yield pool
         finally:
@@ -208,13 +211,12 @@ def unchanged() -> Callable[[], bool]:
     import os
     import threading
 
-    from grader.sandbox.child import changed_since, fingerprint, watched_objects
+    from grader.sandbox.child import Snapshot, watched_objects
 
-    watched = watched_objects()
-    before, folder, threads = fingerprint(watched), os.getcwd(), threading.active_count()
+    before, folder, threads = Snapshot(watched_objects()), os.getcwd(), threading.active_count()
 
     def test() -> bool:
-        changed = changed_since(before, watched)
+        changed = before.changed()
         if changed:
             raise Tampered(
                 f"the code changed the grader's own code or torch ({', '.join(changed)}) in "
@@ -229,16 +231,14 @@ class Tampered(RuntimeError):
     """A run in a rank changed what the grading relies on."""
 
 
-def pool_key(student, watched: frozenset[str]) -> tuple:
+def pool_key(student, watched: "Snapshot") -> tuple:
     """Return what ranks forked now would start from, as far as a case can change it: the
-    student's names (a case may hold some right) and the `watched` attributes of what the
-    grading child watches (a case may patch them; attributes that torch adds as it goes, as
-    the child's own watch does, are left out). Ranks forked under another key are not used."""
-    from grader.sandbox.child import fingerprint, watched_objects
-
+    student's names (a case may hold some right) and what has changed since the `watched`
+    snapshot of what the grading child watches (a case may patch it; attributes that torch
+    adds as it goes, as the child's own watch does, are left out). Ranks forked under another
+    key are not used."""
     names = tuple((name, id(value)) for name, value in student.namespace.items())
-    marks = fingerprint(watched_objects())
-    return names, tuple(sorted((k, v) for k, v in marks.items() if k in watched))
+    return names, tuple(sorted(watched.changes().items()))
 
 
 def _random_states() -> tuple:

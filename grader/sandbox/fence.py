@@ -338,18 +338,25 @@ def launcher_code() -> object:
     return distributed._fork_rank.__code__
 
 
+def _as_prefixes(roots: list[Path]) -> list[tuple[str, str]]:
+    """Return each folder as itself and as the prefix of what is inside it ("/a/b", "/a/b/")."""
+    return [(str(r), str(r).rstrip("/") + "/") for r in roots]
+
+
 def install_audit_hook(scratch: Path, private: list[Path]) -> None:
     """Refuse network use, new processes, reading private folders and writing elsewhere (but
     let the lab's launcher fork the ranks of a process group: see the module docstring)."""
-    allowed = [scratch.resolve(), Path("/dev")]
+    allowed = _as_prefixes([scratch.resolve(), Path("/dev")])
+    private = _as_prefixes(private)
     fork_rank = launcher_code()
 
-    def under(path, roots) -> bool:
+    def under(path, roots: list[tuple[str, str]]) -> bool:
+        """Return True if `path`, its links followed, is one of `roots` or inside one."""
         try:
-            resolved = Path(os.fsdecode(path)).resolve()
+            resolved = os.path.realpath(os.fsdecode(path))
         except (TypeError, ValueError, OSError):
             return False
-        return any(resolved == r or r in resolved.parents for r in roots)
+        return any(resolved == root or resolved.startswith(inside) for root, inside in roots)
 
     def hook(event: str, args: tuple) -> None:
         if event in _NETWORK:

@@ -70,6 +70,7 @@ def preload() -> None:
     import torch.distributed.tensor  # noqa: F401
 
     import dplab.data
+    import dplab.distributed
     import grader.fixtures  # noqa: F401
     import grader.sandbox.child  # noqa: F401
     from grader.manifest import load_manifest
@@ -77,6 +78,7 @@ def preload() -> None:
     for ex in load_manifest().exercises:
         __import__(ex.checks)
     dplab.data.embedded_sample()  # decoded once (0.4 s): notebooks load it, and the checks
+    dplab.distributed.look_up_backend_plugins()  # once for every process group of every child
 
 
 def preload_when_idle() -> None:
