@@ -274,12 +274,17 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
     `factory` is a function of the checks module (or a functools.partial of one with plain
     arguments): in `rank_pools`, ranks forked for an earlier case run it. Together the groups
     may use the case's processor-time limit (CPU_SECONDS outside a grade). A stub stops the
-    case as it would anywhere else."""
+    case as it would anywhere else. Every rank's body calls the student's function, so a
+    missing function or an untouched stub (`untouched_stub`) stops it before any process
+    starts, with the error every rank would have met."""
     from grader.sandbox.fence import NO_LOOPBACK, loopback_is_up
     from grader.sandbox.runner import case_seconds
 
     if not loopback_is_up():  # the grader's fence, not the student: say so, and how to fix it
         raise RuntimeError(NO_LOOPBACK)
+    stub = untouched_stub(student.fn)  # (student.fn raises MissingFunction, as a rank would)
+    if stub is not None:
+        raise stub
     limits = dict(
         backend="gloo",
         timeout=WALL_SECONDS,
@@ -301,6 +306,43 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         if stub is not None:
             raise stub
     return groups
+
+
+# What a function may do and still be an untouched stub: look up NotImplementedError, load
+# constants, call, raise (and what Python 3.11 to 3.13 add around these).
+_STUB_STEPS = {"RESUME", "NOP", "CACHE", "PUSH_NULL", "PRECALL", "LOAD_GLOBAL", "LOAD_CONST"}
+
+
+def untouched_stub(fn: Callable) -> NotImplementedError | None:
+    """Return the NotImplementedError that calling `fn` raises, whatever its arguments, when
+    its body does nothing but `raise NotImplementedError(...)` with constant arguments (the
+    notebook's stub, a docstring and comments allowed); None for anything else. Read from
+    its bytecode, so nothing of the student's runs."""
+    import builtins
+    import dis
+    from types import FunctionType
+
+    if type(fn) is not FunctionType or fn.__code__.co_names != ("NotImplementedError",):
+        return None
+    name = "NotImplementedError"
+    found = dict.get(fn.__globals__, name, dict.get(fn.__builtins__, name))
+    if found is not builtins.NotImplementedError:
+        return None
+    steps = [i for i in dis.get_instructions(fn.__code__) if i.opname not in _STUB_STEPS]
+    loads = [i for i in dis.get_instructions(fn.__code__) if i.opname in _STUB_STEPS]
+    constants = [i.argval for i in loads if i.opname == "LOAD_CONST"]
+    if not all(isinstance(c, str | int | float | type(None)) for c in constants):
+        return None
+    if [i.opname for i in steps] == ["RAISE_VARARGS"] and not constants:
+        return NotImplementedError("")  # raise NotImplementedError: its message is ""
+    if (
+        [i.opname for i in steps] == ["CALL", "RAISE_VARARGS"]
+        and steps[0].arg == len(constants)
+        and steps[1].arg == 1
+    ):
+        message = str(NotImplementedError(*constants))[:1000]  # as a rank reports it
+        return NotImplementedError(message)
+    return None
 
 
 def first_stub(group: dict) -> Exception | None:

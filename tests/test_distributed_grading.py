@@ -239,6 +239,81 @@ def test_the_exercises_of_a_notebook_share_their_ranks():
     assert evaluate and all(evaluate)
 
 
+STUBS = """
+import json
+
+from dplab.devices import grading_devices
+from grader.api import Context, Student
+from grader.judge.registry import public_checks
+from grader.load.notebook import load_notebook
+from grader.manifest import REPO, load_manifest
+from grader.ranks import rank_pools
+from grader.sandbox.runner import run_checks
+
+manifest = load_manifest()
+path = REPO / "exercises" / manifest.assignment / "distributed.ipynb"
+namespace = load_notebook(path, manifest.training_functions, module_name="nb").namespace
+ctx = Context(0, grading_devices(2))
+said = {}
+with rank_pools(namespace, "distributed.ipynb") as pool:
+    for exercise_id in ("ring_allreduce", "average_gradients", "train_ddp"):
+        ex = manifest.exercise(exercise_id)
+        student = Student(namespace, ex.function, "distributed.ipynb")
+        outcomes = run_checks(public_checks(ex), student, ctx)
+        errors = sorted({(o["error"]["type"], o["error"]["message"]) for o in outcomes.values()})
+        said[exercise_id] = {"errors": errors, "forks": pool.forks}
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+def test_an_untouched_stub_stops_its_cases_before_any_rank_starts():
+    """The released notebook's stubs: ring_allreduce's and average_gradients' only raise, so
+    their cases stop at once, with the error each rank would have met; train_ddp's stub
+    starts with dist.get_rank(), so its ranks start and meet it there. Either way the case
+    ends as a stub, with the notebook's message."""
+    proc = subprocess.run([python(), "-c", STUBS], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    stub = [["NotImplementedError", "write this function, then run its check"]]
+    assert {ex: r["errors"] for ex, r in said.items()} == dict.fromkeys(said, stub)
+    assert said["ring_allreduce"]["forks"] == said["average_gradients"]["forks"] == 0
+    assert said["train_ddp"]["forks"] == 2 + 3 + 4
+
+
+def test_only_a_body_that_does_nothing_but_raise_is_an_untouched_stub():
+    from grader.api import MissingFunction, Student
+    from grader.ranks import untouched_stub
+
+    namespace: dict = {}
+    exec(
+        "def stub(x):\n"
+        '    """Doc."""\n'
+        "    # YOUR CODE HERE\n"
+        "    raise NotImplementedError('write this function')\n"
+        "def bare(x):\n    raise NotImplementedError\n"
+        "def prints_first(x):\n    print(x)\n    raise NotImplementedError('no')\n"
+        "def formatted(x):\n    raise NotImplementedError(f'{x}')\n"
+        "def sometimes(x):\n    if x:\n        return x\n    raise NotImplementedError('no')\n",
+        namespace,
+    )
+    shadowing: dict = {}
+    exec(
+        "NotImplementedError = RuntimeError\n"
+        "def shadowed(x):\n    raise NotImplementedError('no')\n",
+        shadowing,
+    )
+    namespace["shadowed"] = shadowing["shadowed"]
+    assert str(untouched_stub(namespace["stub"])) == "write this function"
+    assert str(untouched_stub(namespace["bare"])) == ""
+    for name in ("prints_first", "formatted", "sometimes", "shadowed"):
+        assert untouched_stub(namespace[name]) is None, name
+    assert untouched_stub(print) is None
+    assert untouched_stub(lambda x: x) is None
+    with pytest.raises(MissingFunction, match="keep the name"):
+        untouched_stub(Student({}, "ring_allreduce", "distributed.ipynb").fn)
+
+
 def test_the_judges_network_is_the_same_whatever_another_thread_does_to_the_global_seed():
     """The class grader judges submissions in threads: the network whose whole-batch gradients
     the ranks' must equal cannot depend on torch's global generator, which another thread may
