@@ -13,7 +13,9 @@ a script, made for functions defined in a notebook:
   shown in the notebook once the run ends;
 - a process that raises, dies, computes nothing for `idle_timeout` seconds (a deadlock) or
   runs past `timeout` stops the whole group, and the error names the rank and says where each
-  rank was.
+  rank was. Ranks blocked in torch.distributed's own waits are called deadlocked sooner, once
+  every thread of theirs has slept for QUIET_SECONDS and none runs Python when asked to
+  (a rank in `time.sleep` would): on a machine without a GPU, which a rank could wait for.
 
 It returns a `Launched`: rank 0's return value as `.result`, every rank's in `.results`,
 and what each rank printed in `.outputs`.
@@ -212,6 +214,10 @@ def _one_run(
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         stacks = open(folder / f"rank{rank}.stack", "w")  # noqa: SIM115  (open until exit)
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
+        # A rank that runs Python when asked (sleeping in time.sleep, say) is not blocked in
+        # torch.distributed: the parent asks before it calls a quiet group deadlocked early.
+        awake = str(folder / f"rank{rank}.awake")
+        signal.signal(signal.SIGUSR2, lambda *_: os.close(os.open(awake, os.O_CREAT, 0o600)))
         figures = folder / f"rank{rank}-figures"
         figures.mkdir()
         os.environ.update(
@@ -501,6 +507,33 @@ class _Group:
                 print(f"[rank {rank}] {rest}", flush=True)
             self.partial[rank] = ""
 
+    def asleep(self) -> bool:
+        """Return True when no thread of any running rank runs or waits for a processor: each
+        one sleeps (state S), waiting for something (a busy machine leaves ranks runnable, R)."""
+        for r in self.running:
+            try:
+                for task in os.listdir(f"/proc/{self.pids[r]}/task"):
+                    with open(f"/proc/{self.pids[r]}/task/{task}/stat", "rb") as f:
+                        stat = f.read()
+                    if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"S":
+                        return False
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def ask_awake(self, ranks: list[int]) -> None:
+        """Ask `ranks` to run a line of Python (see `answered`)."""
+        for r in ranks:
+            with contextlib.suppress(OSError):
+                os.remove(self.folder / f"rank{r}.awake")
+            with contextlib.suppress(OSError):
+                os.kill(self.pids[r], signal.SIGUSR2)
+
+    def answered(self, ranks: list[int]) -> bool:
+        """Return True if one of `ranks` has run Python since `ask_awake`: a rank blocked in
+        a call into torch.distributed's C++ cannot until the call returns."""
+        return any((self.folder / f"rank{r}.awake").exists() for r in ranks)
+
     def where(self) -> dict[int, str]:
         """Ask every running rank for its stack (faulthandler); say where each one is."""
         for r in self.running:
@@ -541,6 +574,17 @@ class _Group:
 # What gloo says when the process at the other end of a connection has gone.
 PEER_GONE = (b"Connection closed by peer", b"Connection reset by peer", b"Read error")
 IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting, not computing
+# Ranks whose every thread has slept this long, computing nothing, and that run no Python when
+# asked to, wait inside torch.distributed for each other: a deadlock, called before idle_timeout.
+QUIET_SECONDS = 1.5
+ANSWER_SECONDS = 0.2  # how long a rank has to answer (a Python signal handler runs at once)
+RUNNING_SECONDS = 0.05
+
+
+def _accelerator_here() -> bool:
+    """Return True if this machine has an NVIDIA or AMD GPU (a rank may wait for one, asleep,
+    computing nothing on the processor): then only idle_timeout calls ranks deadlocked."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def _parent_waits(
@@ -552,6 +596,10 @@ def _parent_waits(
     started = time.monotonic()
     readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
     grace_until = None  # after a rank fails, the others get a moment to fail by themselves
+    early = bool(idle_timeout) and idle_timeout > QUIET_SECONDS and not _accelerator_here()
+    quiet: tuple[float, float] | None = None  # since when (and the processor time then) no
+    asked = None  # thread has run for long; when the waiting ranks were asked to answer
+    running_since = None  # since when every look has found a thread running (or runnable)
     while True:
         group.reap()
         group.stream()
@@ -574,6 +622,28 @@ def _parent_waits(
             and now - window_start >= idle_timeout
             and cpu - cpu_then < IDLE_SHARE * (now - window_start)
         )
+        quiet_for = idle_timeout
+        if early and not stuck and grace_until is None:
+            # A waiting thread wakes now and then (gloo's own loop does), so a look that finds
+            # one running says little; threads found running for RUNNING_SECONDS are working,
+            # or waiting for a processor (a busy machine), and the ranks are not stuck.
+            waiting = [r for r in group.running if not group.returned(r)]
+            running = bool(waiting) and not group.asleep()
+            running_since = (running_since or now) if running else None
+            if not waiting or (running_since and now - running_since >= RUNNING_SECONDS):
+                quiet = asked = None
+            elif quiet is None:
+                quiet = (now, cpu)
+            elif asked is None and now - quiet[0] >= QUIET_SECONDS:
+                group.ask_awake(waiting)
+                asked = now
+            elif asked is not None and now - asked >= ANSWER_SECONDS:
+                if group.answered(waiting):
+                    early = False  # it sleeps in Python (time.sleep): idle_timeout decides
+                elif cpu - quiet[1] < IDLE_SHARE * (now - quiet[0]):
+                    stuck, quiet_for = True, now - quiet[0]
+                else:
+                    quiet = asked = None
         if cpu_limit and cpu > cpu_limit:
             group.kill()
             group.flush()
@@ -597,7 +667,7 @@ def _parent_waits(
             done = [r for r in range(nprocs) if group.returned(r)]
             waiting = [r for r in range(nprocs) if r not in done]
             lines = [
-                f"rank {r} computed nothing for {idle_timeout:g} s and had not finished"
+                f"rank {r} computed nothing for {quiet_for:.2g} s and had not finished"
                 + (f": {stacks[r]}" if stacks.get(r) else "")
                 for r in waiting
             ]

@@ -5,6 +5,7 @@ trains LeNet with the reference `train_ddp` in two processes and replays the run
 """
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dplab.distributed import RankFailed, RankPool, RanksHung, RanksTimedOut, launch
+from dplab.distributed import (
+    ANSWER_SECONDS,
+    QUIET_SECONDS,
+    RankFailed,
+    RankPool,
+    RanksHung,
+    RanksTimedOut,
+    launch,
+)
 from grader.checks.train_ddp import plain_state, replay_on
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
@@ -75,15 +84,56 @@ def sends_first():
     dist.recv(t, peer)
 
 
+def quiet_seconds(message: str, rank: int) -> float:
+    """Return how long the verdict says a rank computed nothing."""
+    found = re.search(
+        rf"rank {rank} computed nothing for ([0-9.]+) s and had not finished", message
+    )
+    assert found, message
+    return float(found.group(1))
+
+
 def test_a_deadlock_is_stopped_and_says_where_each_rank_waits():
     with pytest.raises(RanksHung) as caught:
         launch(sends_first, nprocs=2, idle_timeout=3, show=False)
     message = str(caught.value)
     assert "a deadlock" in message
     for rank in (0, 1):
-        assert f"rank {rank} computed nothing for 3 s" in message
+        assert quiet_seconds(message, rank) <= 3
     assert message.count("waiting in torch.distributed's send, called from") == 2
     assert "in sends_first" in message
+
+
+def both_receive():
+    dist.recv(torch.ones(2), 1 - dist.get_rank())
+
+
+def test_ranks_asleep_in_torch_distributed_are_called_deadlocked_before_the_idle_limit():
+    """Ranks whose threads all sleep, computing nothing, and that run no Python when asked
+    (a rank in time.sleep would) wait for each other inside torch.distributed: the verdict
+    comes once they have been quiet for a moment, not after the whole idle limit (on a
+    machine busy enough to keep a thread runnable for long, the idle limit decides)."""
+    with pytest.raises(RanksHung) as caught:
+        launch(both_receive, nprocs=2, idle_timeout=30, show=False)
+    message = str(caught.value)
+    assert "waiting in torch.distributed's recv" in message
+    assert max(quiet_seconds(message, rank) for rank in (0, 1)) < 30
+
+
+def sleeps_then_sends():
+    t = torch.ones(3)
+    if dist.get_rank() == 0:
+        time.sleep(2.5)  # longer than a quiet deadlocked group gets: QUIET_SECONDS
+        dist.send(t * 2, 1)
+    else:
+        dist.recv(t, 0)
+    return t.tolist()
+
+
+def test_a_rank_sleeping_in_python_while_the_others_wait_for_it_is_not_a_deadlock():
+    assert QUIET_SECONDS + ANSWER_SECONDS < 2.5
+    done = launch(sleeps_then_sends, nprocs=2, idle_timeout=5, show=False)
+    assert done.results == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
 
 
 def skips_the_all_reduce():

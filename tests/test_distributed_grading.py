@@ -348,7 +348,7 @@ def test_the_judges_network_is_the_same_whatever_another_thread_does_to_the_glob
     assert differing == 0, f"{differing} of 100 networks built for seed 7 differed"
 
 
-def test_a_judges_computation_that_never_answers_from_its_copy_is_made_here():
+def test_a_judges_computation_that_never_answers_from_its_copy_is_made_here(tmp_path):
     """A forked copy can hang (on a lock another thread held when it was forked); the
     grader must not wait for it forever: after `wait` seconds it computes the value itself."""
     import os
@@ -357,12 +357,15 @@ def test_a_judges_computation_that_never_answers_from_its_copy_is_made_here():
     from grader.ranks import apart
 
     here = os.getpid()
+    copies = tmp_path / "copies"
 
     def stuck_in_a_copy():
         if os.getpid() != here:
+            copies.write_text(str(os.getpid()))
             time.sleep(60)
         return os.getpid()
 
-    assert apart(stuck_in_a_copy, wait=1.0) == here
+    assert apart(stuck_in_a_copy, wait=3.0) == here
+    copy = int(copies.read_text())
     with pytest.raises(ChildProcessError):  # the stuck copy was stopped and reaped
-        os.waitpid(-1, os.WNOHANG)
+        os.waitpid(copy, os.WNOHANG)
