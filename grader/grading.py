@@ -52,12 +52,20 @@ def notebooks_at_once(jobs: int = 1) -> int:
     return max(1, (cores or 1) // max(1, jobs))
 
 
-def prefetch_references(sub: Submission) -> None:
-    """Load, in the background, the reference solutions that judging `sub` will need (while
-    the children start and run, this process has nothing else to do)."""
+def prefetch(sub: Submission, references: bool = True) -> None:
+    """Decode, in the background, the embedded sample, which judges measure trained models on
+    (0.4 to 0.8 s, once per process), and load the reference solutions that judging `sub`
+    will need (with `references`): while the children start and run, this process has
+    nothing else to do."""
 
     def load() -> None:
-        for notebook in dict.fromkeys(ex.notebook for ex in sub.exercises):
+        import dplab.data
+
+        try:
+            dplab.data.embedded_sample()
+        except Exception:
+            pass  # a judge that needs it meets the same error, and reports it
+        for notebook in dict.fromkeys(ex.notebook for ex in sub.exercises if references):
             if available(notebook):
                 try:
                     reference(notebook)
@@ -88,8 +96,7 @@ def grade_submission(
         ex.id: narrowed(exercise_checks(ex, include_hidden=hidden), only_checks)
         for ex in sub.exercises
     }
-    if hidden:  # load the references the judging needs while the children run
-        prefetch_references(sub)
+    prefetch(sub, references=hidden)  # what the judging needs, while the children run
     at_once = side_by_side or notebooks_at_once()
     collected = run_isolated(sub, checks, sub_seed, limits, threads, phases, at_once)
     judging = time.monotonic()
