@@ -4,6 +4,11 @@ pytest tests                                   the lab's own test suite
 pytest grader --submission PATH -m allreduce   one exercise's checks on a submission
 """
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 from grader.manifest import load_manifest
 
 
@@ -23,5 +28,18 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # The warm fork servers the tests start are theirs alone, and stop when the tests end.
+    if "GRADER_WARM_DIR" not in os.environ:
+        os.environ["GRADER_WARM_DIR"] = tempfile.mkdtemp(prefix="grader-warm-tests-")
+        config._warm_folder = Path(os.environ["GRADER_WARM_DIR"])
     for ex in load_manifest().exercises:
         config.addinivalue_line("markers", f"{ex.id}: the checks of the {ex.id} exercise")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_warm_folder", None)
+    if folder is not None:
+        from grader.sandbox.forkserver import stop_warm
+
+        stop_warm(folder)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -3,8 +3,10 @@
     python -m grader.bench [--students 20] [--jobs 2] [--keep DIR]
 
 First one complete submission (the reference solutions in the released notebooks) is graded
-by `python -m grader grade`, as an instructor would, and one exercise is checked by
-`python -m grader check`, as a student would: both timed from the command to its report.
+by `python -m grader grade`, as an instructor would, twice: the first command starts the warm
+fork server (in a folder of the bench's own, so none is there before), the second finds it
+warm. Then one exercise is checked by `python -m grader check`, as a student would. Each is
+timed from the command to its report.
 Then a class that mixes reference solutions, untouched stubs and submissions with
 catalogued mistakes is graded side by side, with the time of each phase. Timings live here,
 never in the tests: a test that asserts a wall-clock time fails whenever the machine is busy.
@@ -13,6 +15,7 @@ never in the tests: a test that asserts a wall-clock time fails whenever the mac
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,7 @@ from grader.grade_class import Outputs, expand, grade_class
 from grader.manifest import REPO, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
 from grader.report.exports import summary_table
+from grader.sandbox.forkserver import stop, stop_warm
 from grader.sandbox.supervisor import Phases, fork_server, start_mode
 
 KINDS = ("reference solutions", "untouched stubs", "catalogued mistakes")
@@ -77,15 +81,18 @@ def main() -> None:
     print(f"{os.cpu_count()} cores, children started by {start_mode()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
+        warm_folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-"))
+        os.environ["GRADER_WARM_DIR"] = str(warm_folder)
         make_class(root / "alone", 1)  # one complete submission
         alone = root / "alone" / "student01" / manifest.assignment
-        seconds, out = wall_seconds("grade", str(alone))
-        totals = [line.split()[1] for line in out.splitlines() if line.startswith("total")]
-        print(
-            f"one complete submission (the reference solutions), `python -m grader grade`: "
-            f"{seconds:.1f} s from the command to its report, {totals[0] if totals else '?'}"
-            f"/{manifest.max_score:g}"
-        )
+        for when in ("it starts the warm server", "the server is warm"):
+            seconds, out = wall_seconds("grade", str(alone))
+            totals = [line.split()[1] for line in out.splitlines() if line.startswith("total")]
+            print(
+                f"one complete submission (the reference solutions), `python -m grader grade`, "
+                f"{when}: {seconds:.1f} s from the command to its report, "
+                f"{totals[0] if totals else '?'}/{manifest.max_score:g}"
+            )
         notebook = alone / manifest.exercise("allreduce").notebook
         seconds, _ = wall_seconds("check", str(notebook), "--exercise", "allreduce")
         print(
@@ -106,6 +113,9 @@ def main() -> None:
             phases=phases,
         )
         seconds = time.monotonic() - started
+        stop()
+        stop_warm(warm_folder)
+        shutil.rmtree(warm_folder, ignore_errors=True)
     print(summary_table(results, manifest))
     print(
         f"\n{len(results)} submissions graded with --jobs {args.jobs} in {seconds:.1f} s: "

@@ -36,8 +36,10 @@ def test_a_snapshot_names_a_function_whose_body_was_swapped_and_one_that_is_gone
     snapshot = Snapshot(watched)
     code = grader.fixtures.sgd_step.__code__
     grader.fixtures.sgd_step.__code__ = (lambda params, lr: None).__code__
-    try:
-        assert snapshot.changed() == ["grader.fixtures.sgd_step"]
+    try:  # named wherever the function is bound (a checks module may import it by name)
+        changed = snapshot.changed()
+        assert "grader.fixtures.sgd_step" in changed
+        assert all(name.endswith(".sgd_step") for name in changed), changed
     finally:
         grader.fixtures.sgd_step.__code__ = code
     all_reduce = dist.all_reduce

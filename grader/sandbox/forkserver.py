@@ -22,10 +22,25 @@ could enter the fence); each request is one JSON message with four descriptors (
 reply pipe, log, status pipe). On the status pipe the server writes the child's pid, and its
 exit code (as `Popen.returncode`) once it has ended. When the grader closes the socket, the
 server kills its children and ends.
+
+The warm server (`serve_warm`) outlives the command that started it, for `GRADER_WARM_SECONDS`
+(300 by default; 0 for none) after its last grader. It listens on a Unix socket in a folder
+only its user may enter (`GRADER_WARM_DIR`, by default grader-warm-UID in the temporary
+folder), named by a digest of what its imports depend on (`warm_key`: the grader's and the
+lab's files, torch as installed, the environment), and serves only its own user. For each
+grader that connects it forks a session: a fork server as above, or, for `python -m grader
+check` and `grade` (`run_warm`), the command itself, run with the grader's standard streams,
+folder, environment and arguments, which then asks for a session of its own for the children.
+So a later command starts with torch, the lab and the public checks imported. It never runs a
+command where a GPU may be visible (its children would then start afresh anyway). It leaves
+when its files change, and a changed file starts another.
 """
 
 import atexit
+import contextlib
 import faulthandler
+import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -38,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -160,15 +176,22 @@ def probe_fence(fence: Fence) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def serve(control: socket.socket, fence: Fence, everything: bool = True) -> None:
+def serve(
+    control: socket.socket, fence: Fence, everything: bool = True, fenced: bool | None = None
+) -> None:
     """Answer fork requests on `control` until the grader closes it. With `everything`, it
     imports all it may need before it is ready (a grade); without, only what every child
-    needs, and the rest while it waits (a student's check of one exercise)."""
-    preload()
-    later = [] if everything else [preload_when_idle]
-    if everything:
-        preload_when_idle()
-    control.send(json.dumps({"ready": True, "fence": probe_fence(fence)}).encode())
+    needs, and the rest while it waits (a student's check of one exercise). A session of the
+    warm server (see `serve_warm`) has imported all it will and knows whether children can
+    enter the fence (`fenced`)."""
+    later = []
+    if fenced is None:
+        preload()
+        later = [] if everything else [preload_when_idle]
+        if everything:
+            preload_when_idle()
+        fenced = probe_fence(fence)
+    control.send(json.dumps({"ready": True, "fence": fenced, "chosen": asdict(fence)}).encode())
     children: dict[int, int] = {}  # pid -> status descriptor
     try:
         while True:
@@ -214,10 +237,194 @@ def _write_status(fd: int, value: int) -> None:
         pass  # the grader no longer listens for this child
 
 
+def peer_uid(connection: socket.socket) -> int:
+    """Return the user id of the process at the other end of a Unix socket."""
+    pid_uid_gid = struct.Struct("3i")
+    data = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, pid_uid_gid.size)
+    return pid_uid_gid.unpack(data)[1]
+
+
+def serve_warm(
+    listener: socket.socket,
+    path: str,
+    fence: Fence,
+    idle: float,
+    everything: bool,
+    started_in: dict[str, str],
+) -> None:
+    """The warm server: import once, then fork a session (`serve`, on its own connection) for
+    each grader that connects, until no grader has come or been served for `idle` seconds, or
+    until its code is no longer the grader's (`warm_key` has changed: a file was edited).
+    Only a process of this server's own user is served."""
+    key = Path(path).stem
+    looked = time.monotonic()
+    preload()
+    later = [preload_when_idle]
+    if everything:
+        later.pop()()
+    fenced = probe_fence(fence)
+    sessions: set[int] = set()
+    last = time.monotonic()
+    try:
+        while sessions or time.monotonic() - last < idle:
+            ready, _, _ = select.select([listener], [], [], 0.05 if later else 1.0)
+            while sessions:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                sessions.discard(pid)
+                last = time.monotonic()
+            if not ready:
+                if later and not sessions:
+                    later.pop()()  # imported here, every later session has it
+                elif not sessions and time.monotonic() - looked > 2.0:
+                    looked = time.monotonic()
+                    if warm_key(started_in) != key:
+                        break  # stale: the next grader starts a server with the new code
+                continue
+            connection, _ = listener.accept()
+            if peer_uid(connection) != os.getuid():
+                connection.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                try:
+                    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+                    asked = json.loads(message) if message else {}
+                    if "command" in asked and len(fds) == 3:
+                        run_command(connection, asked, fds)
+                    else:
+                        serve(connection, fence, fenced=fenced)
+                finally:
+                    os._exit(0)
+            connection.close()
+            sessions.add(pid)
+            last = time.monotonic()
+    finally:
+        with contextlib.suppress(OSError):  # the path may lead to a newer server by now
+            if os.stat(path).st_ino == os.fstat(listener.fileno()).st_ino:
+                os.remove(path)
+
+
+def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:
+    """In a session of the warm server: become `python -m grader COMMAND...` as the grader
+    that asked would have been (its standard streams, folder, environment and arguments),
+    run it, and send its exit code. Torch, the lab and the public checks are already here;
+    the rest is imported now, as it would be there."""
+    code = 1
+    try:
+        for fd, target in zip(fds, (0, 1, 2), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        connection.send(json.dumps({"pid": os.getpid()}).encode())
+        threading.Thread(target=_end_with, args=(connection,), daemon=True).start()
+        os.chdir(asked["cwd"])
+        os.environ.clear()
+        os.environ.update(asked["env"])
+        tempfile.tempdir = None
+        sys.argv = list(asked["command"])
+        sys.path[0] = asked["cwd"]
+        for number, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+            stream = open(number, "r" if number == 0 else "w", closefd=False)  # noqa: SIM115
+            if number and os.isatty(number):
+                stream.reconfigure(line_buffering=True)
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from grader.cli import main as cli
+
+        try:
+            code = cli(sys.argv[1:])
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+        except KeyboardInterrupt:
+            code = 130
+        stop()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            connection.send(json.dumps({"code": code}).encode())
+        os._exit(code)
+
+
+def _gpu_device_here() -> bool:
+    """Return True if this machine has NVIDIA or AMD GPU devices (looked up without torch)."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
+
+
+def _end_with(connection: socket.socket) -> None:
+    """Wait for the grader that asked for this command to go (nothing else ever comes on its
+    connection), then end this process: killed, the grader would have ended it too."""
+    with contextlib.suppress(OSError):
+        connection.recv(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_warm(argv: list[str]) -> int | None:
+    """Run `python -m grader ARGV...` in a session of this user's warm server (started if
+    none answers) and return its exit code; None where there is to be no warm server, or a
+    GPU may be visible. The command's output goes where this process's would, and Ctrl-C
+    reaches it."""
+    if os.environ.get("GRADER_START") != "fork" and _gpu_device_here():
+        return None
+    found = connect_warm(everything=argv[1:2] == ["grade"], session=False)
+    if found is None:
+        return None
+    connection, _ = found
+    command = json.dumps({"command": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
+    try:
+        socket.send_fds(connection, [command.encode()], [0, 1, 2])
+    except OSError:
+        return None
+    pid = None
+    while True:
+        try:
+            message = connection.recv(1 << 16)
+        except KeyboardInterrupt:
+            if pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGINT)
+            continue
+        except OSError:
+            message = b""
+        said = json.loads(message) if message else {}
+        if "pid" in said:
+            pid = int(said["pid"])
+            continue
+        if "code" in said:
+            return int(said["code"])
+        if pid is None:
+            return None  # it never started: run here instead
+        print("the grader's process ended without an exit code", file=sys.stderr)
+        return 1
+
+
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
+    if sys.argv[1] == "--warm":
+        path, asked_fence, idle, everything = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        own = f"{path}.{os.getpid()}"  # bound, then put in place whole
+        listener.bind(own)
+        listener.listen(16)
+        os.replace(own, path)
+        environment = dict(os.environ)  # as started: importing torch adds to it
+        from grader.sandbox.fence import choose_fence
+
+        if asked_fence:
+            os.environ["GRADER_FENCE"] = asked_fence
+        fence = choose_fence()  # chosen once here, and known to every command run here
+        serve_warm(listener, path, fence, float(idle), everything == "all", environment)
+        os._exit(0)
     control = socket.socket(fileno=int(sys.argv[1]))
     fence = Fence(**json.loads(sys.argv[2]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
     serve(control, fence, everything=sys.argv[3:4] != ["some"])
     os._exit(0)  # nothing to tidy: unloading torch would only cost a second
 
@@ -250,14 +457,28 @@ class ForkedChild:
 
 
 class ForkServer:
-    """The grader's handle on one fork server; `fork` starts a fenced child."""
+    """The grader's handle on one fork server; `fork` starts a fenced child. Started for this
+    process alone, or (`attached`) a session of the warm server on a connected socket."""
 
     def __init__(
-        self, fence: Fence, env: dict[str, str], log: Path, everything: bool = True
+        self,
+        fence: Fence,
+        env: dict[str, str],
+        log: Path,
+        everything: bool = True,
+        attached: socket.socket | None = None,
     ) -> None:
         self.fence = fence
         self._lock = threading.Lock()  # one request at a time on the socket
         self._ready_lock = threading.Lock()  # one reader of the ready message
+        self.ready = False
+        self.fence_works = False
+        self.log = log
+        self.warm = attached is not None
+        self._process: subprocess.Popen | None = None
+        if attached is not None:
+            self._socket = attached
+            return
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log, "ab") as out:
             self._process = subprocess.Popen(
@@ -278,9 +499,6 @@ class ForkServer:
                 start_new_session=True,
             )
         theirs.close()
-        self.ready = False
-        self.fence_works = False
-        self.log = log
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
         """Wait for the server's imports; return True if it forks fenced children."""
@@ -297,6 +515,8 @@ class ForkServer:
                 said = {}
             self.ready = bool(said.get("ready"))
             self.fence_works = bool(said.get("fence"))
+            if isinstance(said.get("chosen"), dict):  # the fence the server chose for itself
+                self.fence = Fence(**said["chosen"])
         return self.ready and self.fence_works
 
     def fork(self, request: dict, report_fd: int, reply_fd: int, log_fd: int) -> ForkedChild:
@@ -318,6 +538,8 @@ class ForkServer:
         return ForkedChild(_STATUS.unpack(data)[0], status_read)
 
     def alive(self) -> bool:
+        if self._process is None:  # a session: alive until it fails to fork (see start_child)
+            return self._socket.fileno() >= 0
         return self._process.poll() is None
 
     def close(self, wait: bool = True) -> None:
@@ -325,7 +547,7 @@ class ForkServer:
         if self._socket.fileno() < 0:
             return
         self._socket.close()
-        if not wait:
+        if not wait or self._process is None:
             return
         try:
             self._process.wait(timeout=10)
@@ -359,31 +581,193 @@ def server_environment(folder: Path) -> dict[str, str]:
 
 
 def stop() -> None:
-    """End the shared fork server, if one runs, without waiting for it to exit."""
+    """End this process's use of the shared fork server, if it has one, without waiting: a
+    server of its own ends; the warm server's session for it ends, and the server stays."""
     global _shared
     with _shared_lock:
         if _shared is not None:
             _shared.close(wait=False)
-            shutil.rmtree(_shared.log.parent, ignore_errors=True)
+            if not _shared.warm:
+                shutil.rmtree(_shared.log.parent, ignore_errors=True)
             _shared = None
 
 
 def start(everything: bool = True) -> ForkServer:
     """Start the shared fork server if none runs (it imports in the background) and return
-    it. Cheap to call early: this process imports no torch for it. Without `everything`,
-    it is ready sooner and imports what only some children need while it waits."""
+    it: a session of the warm server where one is allowed (`connect_warm`), else a server of
+    this process's own. Cheap to call early: this process imports no torch for it. Without
+    `everything`, it is ready sooner and imports what only some children need while it waits."""
     global _shared
     from grader.sandbox.fence import choose_fence
 
     with _shared_lock:
         if _shared is None or not _shared.alive():
+            warm = connect_warm(everything)
+            if warm is not None:  # its fence is the one the server chose (see wait_ready)
+                connection, log = warm
+                _shared = ForkServer(Fence("", False, ""), {}, log, everything, connection)
+                atexit.register(_shared.close)
+                return _shared
+            fence = choose_fence()
             folder = Path(tempfile.mkdtemp(prefix="grader-forkserver-"))
-            _shared = ForkServer(
-                choose_fence(), server_environment(folder), folder / "log", everything
-            )
+            _shared = ForkServer(fence, server_environment(folder), folder / "log", everything)
             atexit.register(shutil.rmtree, folder, True)
             atexit.register(_shared.close)
         return _shared
+
+
+# ---- the warm server, which outlives the command that started it ------------------------
+
+WARM_SECONDS = 300.0  # how long the warm server waits for the next grader by default
+# What the server's imports can depend on in its environment: a server started under other
+# values of these is another server.
+KEY_VARIABLES = (
+    "PATH", "PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "OPENBLAS", "PYTORCH", "TORCH", "CUDA",
+    "NCCL", "GLOO", "NVIDIA", "DPLAB", "MPL",
+)  # fmt: skip
+
+
+PER_CHILD = ("DPLAB_FIGURE_DIR",)  # set anew in each child's environment
+
+
+def warm_seconds() -> float:
+    """Return how long the warm server outlives its last grader: `GRADER_WARM_SECONDS`, by
+    default WARM_SECONDS; 0 (or less) starts no warm server: each command has its own."""
+    try:
+        return float(os.environ.get("GRADER_WARM_SECONDS", WARM_SECONDS))
+    except ValueError:
+        return WARM_SECONDS
+
+
+def warm_folder() -> Path | None:
+    """Return the folder of this user's warm servers (`GRADER_WARM_DIR`, else a folder of
+    the temporary one), made if missing; None unless only this user can enter it."""
+    default = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    folder = Path(os.environ.get("GRADER_WARM_DIR") or default / f"grader-warm-{os.getuid()}")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError:
+        return None
+    mine = found.st_uid == os.getuid() and not found.st_mode & 0o077
+    return folder if mine and os.path.isdir(folder) and not os.path.islink(folder) else None
+
+
+def warm_key(env: dict[str, str]) -> str:
+    """Return what names a warm server: the Python, the user, the fence asked for, the
+    grader's and the lab's code (each file's size and time), torch and matplotlib as
+    installed and the environment that imports can depend on. Changing any of them starts
+    another server."""
+    asked = os.environ.get("GRADER_FENCE", "")
+    digest = hashlib.sha256(f"{sys.executable}\n{sys.version}\n{os.geteuid()}\n{asked}".encode())
+    kept = {k: v for k, v in env.items() if k.startswith(KEY_VARIABLES) and k not in PER_CHILD}
+    digest.update(json.dumps(kept, sort_keys=True).encode())
+    roots = [Path(__file__).resolve().parents[1]]  # grader/
+    for name in ("dplab", "torch", "matplotlib"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            roots.append(Path(spec.origin).parent)
+    for root in roots:
+        files = [root / "version.py", root / "__init__.py"] if "-packages" in str(root) else []
+        if not files:
+            files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".toml"))
+        for path in files:
+            with contextlib.suppress(OSError):
+                found = path.stat()
+                digest.update(f"{path}:{found.st_size}:{found.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:20]
+
+
+def connect_warm(everything: bool, session: bool = True) -> tuple[socket.socket, Path] | None:
+    """Return a connection to this user's warm server (started if none answers) and its log,
+    or None where there is to be none (see `warm_seconds`, `warm_folder`). With `session`,
+    the connection is a fork server's session; without, the caller says what it wants."""
+    idle = warm_seconds()
+    folder = warm_folder() if idle > 0 else None
+    if folder is None:
+        return None
+    env = server_environment(folder)
+    key = warm_key(env)
+    path, log = folder / f"{key}.sock", folder / f"{key}.log"
+    if len(os.fsencode(path)) > 100:  # the limit of a Unix socket's path (108 bytes)
+        return None
+    connection = _connect(path)
+    if connection is None:
+        with open(log, "ab") as out:
+            subprocess.Popen(
+                [
+                    sys.executable, "-m", "grader.sandbox.forkserver", "--warm", str(path),
+                    os.environ.get("GRADER_FENCE", ""), f"{idle:g}",
+                    "all" if everything else "some",
+                ],
+                env=env, cwd=folder, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30.0  # it listens before it imports
+        while connection is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            connection = _connect(path)
+    if connection is not None and session:
+        try:
+            socket.send_fds(connection, [b'{"session": true}'], [])
+        except OSError:
+            connection.close()
+            connection = None
+    return None if connection is None else (connection, log)
+
+
+def warm_servers(folder: Path) -> list[int]:
+    """Return the process ids of the warm servers whose socket is in `folder` (their
+    sessions and commands, forked from them, are not counted: they have another parent)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                parent = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"--warm" in argv and argv.index(b"--warm") + 1 < len(argv):
+            path = Path(os.fsdecode(argv[argv.index(b"--warm") + 1]))
+            forked = parent > 1 and b"--warm" in _cmdline(parent)
+            if path.parent == folder and not forked:
+                found.append(int(entry))
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def stop_warm(folder: Path) -> list[int]:
+    """Stop the warm servers whose socket is in `folder` (a session, or a command, still
+    running ends with its grader); return their process ids."""
+    stopped = []
+    for pid in warm_servers(folder):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            stopped.append(pid)
+    return stopped
+
+
+def _connect(path: Path) -> socket.socket | None:
+    """Return a connection to the server listening at `path`, if one of this user's does."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(str(path))
+        if peer_uid(connection) == os.getuid():
+            return connection
+    except OSError:
+        pass
+    connection.close()
+    return None
 
 
 def ready_server() -> ForkServer | None:

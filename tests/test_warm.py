@@ -1,0 +1,131 @@
+"""The warm fork server outlives the command that started it: later `python -m grader check`
+and `grade` commands run in a session of it, where torch and the checks are imported already,
+and report exactly what a command on its own reports."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from grader.manifest import load_manifest
+from grader.sandbox import forkserver
+from tests.conftest import SOLUTIONS, python
+
+MANIFEST = load_manifest()
+QUICK = ["try_gpu", "allreduce", "split_batch"]
+
+
+@pytest.fixture
+def warm_folder(monkeypatch):
+    """A warm folder of the test's own (short: a socket's path has at most 108 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="gw-"))
+    monkeypatch.setenv("GRADER_WARM_DIR", str(folder))
+    monkeypatch.delenv("GRADER_WARM_SECONDS", raising=False)
+    yield folder
+    forkserver.stop_warm(folder)
+
+
+def grader(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python(), "-m", "grader", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **env},
+    )
+
+
+def quick_grade(**env: str) -> subprocess.CompletedProcess:
+    return grader(
+        "grade", str(SOLUTIONS / "from_scratch.ipynb"), *sum((["-e", e] for e in QUICK), []), **env
+    )
+
+
+@pytest.mark.slow
+def test_commands_in_the_warm_server_report_what_a_command_on_its_own_does(warm_folder):
+    alone = quick_grade(GRADER_WARM_SECONDS="0")
+    assert forkserver.warm_servers(warm_folder) == []
+    first, second = quick_grade(), quick_grade()
+    (server,) = forkserver.warm_servers(warm_folder)  # started by the first, kept for the next
+    for warm in (first, second):
+        assert warm.returncode == alone.returncode == 0, warm.stderr
+        assert warm.stdout == alone.stdout
+    assert "total" in alone.stdout
+
+
+@pytest.mark.slow
+def test_bad_input_says_so_the_same_way_from_the_warm_server(warm_folder):
+    for warm in ("0", "300"):
+        proc = grader("check", str(SOLUTIONS), "-e", "allreduse", GRADER_WARM_SECONDS=warm)
+        assert proc.returncode == 2
+        assert "no exercise called 'allreduse'" in proc.stderr
+    assert len(forkserver.warm_servers(warm_folder)) == 1
+
+
+@pytest.mark.slow
+def test_a_command_whose_grader_is_killed_stops_with_its_children(warm_folder):
+    proc = subprocess.Popen(
+        [python(), "-m", "grader", "grade", str(SOLUTIONS)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    server = None
+    for _ in range(600):  # until the command runs in the server (at most a minute)
+        found = forkserver.warm_servers(warm_folder)
+        if found and children(found[0]):
+            server = found[0]
+            break
+        time.sleep(0.1)
+    assert server is not None, "the grade never ran in a warm server"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for _ in range(600):
+        if not children(server):
+            break
+        time.sleep(0.1)
+    assert children(server) == [], "the command went on without its grader"
+
+
+def children(pid: int) -> list[int]:
+    """Return the processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if int(f.read().rpartition(b")")[2].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+def test_no_warm_server_where_others_may_enter_its_folder(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv("GRADER_WARM_DIR", str(shared))
+    assert forkserver.warm_folder() is None
+    assert forkserver.connect_warm(everything=False) is None
+    monkeypatch.setenv("GRADER_WARM_DIR", str(tmp_path / "mine"))
+    assert forkserver.warm_folder() == tmp_path / "mine"
+    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
+
+
+def test_no_warm_server_when_asked_for_none(monkeypatch):
+    monkeypatch.setenv("GRADER_WARM_SECONDS", "0")
+    assert forkserver.connect_warm(everything=False) is None
+    assert forkserver.run_warm([sys.executable, "check"]) is None
+
+
+def test_the_warm_servers_name_changes_with_the_environment_imports_read():
+    env = forkserver.server_environment(Path("/nowhere"))
+    key = forkserver.warm_key(env)
+    assert forkserver.warm_key({**env, "DPLAB_FIGURE_DIR": "/elsewhere"}) == key
+    assert forkserver.warm_key({**env, "OMP_NUM_THREADS": "7"}) != key
+    assert forkserver.warm_key({**env, "PYTHONPATH": "/x"}) != key
