@@ -42,4 +42,5 @@ def pytest_unconfigure(config):
         from grader.sandbox.forkserver import stop_warm
 
         stop_warm(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        for made in (folder, folder.with_name(f"{folder.name}-cache")):
+            shutil.rmtree(made, ignore_errors=True)

@@ -115,7 +115,8 @@ def main() -> None:
         seconds = time.monotonic() - started
         stop()
         stop_warm(warm_folder)
-        shutil.rmtree(warm_folder, ignore_errors=True)
+        for made in (warm_folder, warm_folder.with_name(f"{warm_folder.name}-cache")):
+            shutil.rmtree(made, ignore_errors=True)
     print(summary_table(results, manifest))
     print(
         f"\n{len(results)} submissions graded with --jobs {args.jobs} in {seconds:.1f} s: "

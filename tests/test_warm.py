@@ -3,6 +3,7 @@ and `grade` commands run in a session of it, where torch and the checks are impo
 and report exactly what a command on its own reports."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from grader.grading import grade_path
 from grader.manifest import load_manifest
 from grader.sandbox import forkserver
-from tests.conftest import SOLUTIONS, python
+from tests.conftest import SOLUTIONS, python, write_notebook
+from tests.test_hostile import replacing
 
 MANIFEST = load_manifest()
 QUICK = ["try_gpu", "allreduce", "split_batch"]
@@ -28,6 +31,8 @@ def warm_folder(monkeypatch):
     monkeypatch.delenv("GRADER_WARM_SECONDS", raising=False)
     yield folder
     forkserver.stop_warm(folder)
+    for made in (folder, folder.with_name(f"{folder.name}-cache")):
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def grader(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -75,20 +80,32 @@ def test_a_command_whose_grader_is_killed_stops_with_its_children(warm_folder):
         stderr=subprocess.DEVNULL,
     )
     server = None
-    for _ in range(600):  # until the command runs in the server (at most a minute)
+    for _ in range(1200):  # until the grade runs: its command and its children's session
         found = forkserver.warm_servers(warm_folder)
-        if found and children(found[0]):
+        if found and len(children(found[0])) >= 2:
             server = found[0]
             break
         time.sleep(0.1)
-    assert server is not None, "the grade never ran in a warm server"
+    assert server is not None, f"the grade never ran in a warm server: {found}"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    for _ in range(600):
+    for _ in range(1200):
         if not children(server):
             break
         time.sleep(0.1)
-    assert children(server) == [], "the command went on without its grader"
+    left = {pid: describe(pid) for pid in children(server)}
+    assert not left, f"the command went on without its grader: {left}"
+
+
+def describe(pid: int) -> str:
+    """Return a process's state and what its main thread runs, for a failure's message."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0].decode()
+        with open(f"/proc/{pid}/task/{pid}/wchan", "rb") as f:
+            return f"{state} {f.read().decode()}"
+    except OSError as error:
+        return str(error)
 
 
 def children(pid: int) -> list[int]:
@@ -129,3 +146,21 @@ def test_the_warm_servers_name_changes_with_the_environment_imports_read():
     assert forkserver.warm_key({**env, "DPLAB_FIGURE_DIR": "/elsewhere"}) == key
     assert forkserver.warm_key({**env, "OMP_NUM_THREADS": "7"}) != key
     assert forkserver.warm_key({**env, "PYTHONPATH": "/x"}) != key
+
+
+@pytest.mark.slow
+def test_a_fenced_child_cannot_reach_the_warm_servers_socket(warm_folder, tmp_path, monkeypatch):
+    """A connection to the warm server runs grader commands outside the fence, so its folder
+    is masked in every child, as the hidden checks are (even code that gets past Python's
+    audit hooks, with ctypes, finds nothing there)."""
+    monkeypatch.setenv("GRADER_START", "fork")
+    assert quick_grade().returncode == 0  # a warm server listens there now
+    (socket_file,) = warm_folder.glob("*.sock")
+    peek = f"def try_gpu(i=0):\n    import os\n    raise RuntimeError(str(os.listdir({str(warm_folder)!r})))"
+    folder = tmp_path / "peek" / MANIFEST.assignment
+    write_notebook(folder / "from_scratch.ipynb", *replacing("try_gpu", peek))
+    (ex,) = grade_path(folder, ["try_gpu"]).exercises
+    said = " ".join(c.message for c in ex.checks)
+    assert ex.score == 0
+    assert socket_file.name not in said
+    assert "Permission denied" in said or "[]" in said, said

@@ -40,14 +40,31 @@ from grader.manifest import REPO, load_manifest, solutions_dir
 
 def private_paths() -> list[Path]:
     """Return the folders the student's code must not read: the reference solutions, the
-    manifest's hidden checks and mistake catalogues, and the repository's history."""
+    manifest's hidden checks and mistake catalogues, the repository's history, and the
+    folders of the warm fork servers' sockets (a connection there runs grader commands
+    outside the fence)."""
     manifest = load_manifest()
     folders = [
         solutions_dir(),
         *(manifest.package_folder(p) for p in manifest.private_packages),
         REPO / ".git",
+        *warm_folders(),
     ]
-    return [p.resolve() for p in folders if p.exists()]
+    return list(dict.fromkeys(p.resolve() for p in folders if p.exists()))
+
+
+def warm_folders() -> list[Path]:
+    """Return where warm fork servers listen: the folder asked for (`GRADER_WARM_DIR`) and
+    the default one, in the runtime folder or the temporary one (see grader.sandbox.forkserver)."""
+    import tempfile
+
+    name = f"grader-warm-{os.getuid()}"
+    found = [Path(tempfile.gettempdir()) / name]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        found.insert(0, Path(os.environ["XDG_RUNTIME_DIR"]) / name)
+    if os.environ.get("GRADER_WARM_DIR"):
+        found.insert(0, Path(os.environ["GRADER_WARM_DIR"]))
+    return found
 
 
 CHILD_UIDS = range(61000, 65000)  # one per grading child when the grader runs as root

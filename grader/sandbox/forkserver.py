@@ -66,6 +66,7 @@ from grader.sandbox.fence import (
     child_limits,
     enter,
     needed_paths,
+    warm_folders,
 )
 
 _STATUS = struct.Struct(">i")
@@ -642,8 +643,7 @@ def warm_seconds() -> float:
 def warm_folder() -> Path | None:
     """Return the folder of this user's warm servers (`GRADER_WARM_DIR`, else a folder of
     the temporary one), made if missing; None unless only this user can enter it."""
-    default = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
-    folder = Path(os.environ.get("GRADER_WARM_DIR") or default / f"grader-warm-{os.getuid()}")
+    folder = warm_folders()[0]
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         found = os.lstat(folder)
@@ -686,7 +686,8 @@ def connect_warm(everything: bool, session: bool = True) -> tuple[socket.socket,
     folder = warm_folder() if idle > 0 else None
     if folder is None:
         return None
-    env = server_environment(folder)
+    # (its matplotlib folder is outside: the children's fence masks the socket's folder)
+    env = server_environment(folder.with_name(f"{folder.name}-cache"))
     key = warm_key(env)
     path, log = folder / f"{key}.sock", folder / f"{key}.log"
     if len(os.fsencode(path)) > 100:  # the limit of a Unix socket's path (108 bytes)
