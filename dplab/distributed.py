@@ -667,7 +667,7 @@ def _parent_waits(
             done = [r for r in range(nprocs) if group.returned(r)]
             waiting = [r for r in range(nprocs) if r not in done]
             lines = [
-                f"rank {r} computed nothing for {quiet_for:.2g} s and had not finished"
+                f"rank {r} computed nothing for {round(quiet_for, 1):g} s and had not finished"
                 + (f": {stacks[r]}" if stacks.get(r) else "")
                 for r in waiting
             ]

@@ -196,9 +196,10 @@ def test_changing_the_grader_inside_a_rank_fails_the_runs_there(distributed_clas
     others_full(sub, "ring_allreduce")
 
 
-SHARED_RANKS = """
+# Scripts run in a fresh Python: the distributed notebook loaded from FOLDER, and a pool of
+# ranks open for what follows (the test prints its findings as the last line, in JSON).
+IN_A_POOL = """
 import json
-from pathlib import Path
 
 from dplab.devices import grading_devices
 from grader.api import Context, Student
@@ -210,9 +211,21 @@ from grader.ranks import rank_pools
 from grader.sandbox.runner import run_checks
 
 manifest = load_manifest()
-path = REPO / "solutions" / manifest.assignment / "distributed.ipynb"
+path = REPO / FOLDER / manifest.assignment / "distributed.ipynb"
 namespace = load_notebook(path, manifest.training_functions, module_name="nb").namespace
 ctx = Context(0, grading_devices(2))
+"""
+
+
+def in_a_pool(folder: str, body: str) -> dict:
+    """Run `body` after IN_A_POOL on the notebook in `folder`; return what it printed last."""
+    script = IN_A_POOL.replace("FOLDER", repr(folder)) + body
+    proc = subprocess.run([python(), "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+SHARED_RANKS = """
 scores = {}
 with rank_pools(namespace, "distributed.ipynb") as pool:
     for exercise_id in ("average_gradients", "evaluate_accuracy_distributed"):
@@ -230,9 +243,7 @@ def test_the_exercises_of_a_notebook_share_their_ranks():
     """One pool serves the cases of every exercise of a notebook (the grading child opens it
     when the notebook has loaded): each group size is forked once, and each exercise's cases
     call that exercise's function."""
-    proc = subprocess.run([python(), "-c", SHARED_RANKS], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = in_a_pool("solutions", SHARED_RANKS)
     assert said["forks"] == 2 + 3 + 4
     assert said["scores"]["average_gradients"] and all(said["scores"]["average_gradients"])
     evaluate = said["scores"]["evaluate_accuracy_distributed"]
@@ -240,20 +251,6 @@ def test_the_exercises_of_a_notebook_share_their_ranks():
 
 
 STUBS = """
-import json
-
-from dplab.devices import grading_devices
-from grader.api import Context, Student
-from grader.judge.registry import public_checks
-from grader.load.notebook import load_notebook
-from grader.manifest import REPO, load_manifest
-from grader.ranks import rank_pools
-from grader.sandbox.runner import run_checks
-
-manifest = load_manifest()
-path = REPO / "exercises" / manifest.assignment / "distributed.ipynb"
-namespace = load_notebook(path, manifest.training_functions, module_name="nb").namespace
-ctx = Context(0, grading_devices(2))
 said = {}
 with rank_pools(namespace, "distributed.ipynb") as pool:
     for exercise_id in ("ring_allreduce", "average_gradients", "train_ddp"):
@@ -272,9 +269,7 @@ def test_an_untouched_stub_stops_its_cases_before_any_rank_starts():
     their cases stop at once, with the error each rank would have met; train_ddp's stub
     starts with dist.get_rank(), so its ranks start and meet it there. Either way the case
     ends as a stub, with the notebook's message."""
-    proc = subprocess.run([python(), "-c", STUBS], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = in_a_pool("exercises", STUBS)
     stub = [["NotImplementedError", "write this function, then run its check"]]
     assert {ex: r["errors"] for ex, r in said.items()} == dict.fromkeys(said, stub)
     assert said["ring_allreduce"]["forks"] == said["average_gradients"]["forks"] == 0

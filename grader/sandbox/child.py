@@ -104,23 +104,10 @@ def _counted(name: str, obj: object) -> dict[str, object]:
     return dict(attributes)
 
 
-def fingerprint(watched: dict[str, object]) -> dict[str, int]:
-    """Return the identity of every attribute (and function body) of the watched objects
-    (in torch's modules, of those that are not plain values)."""
-    marks = {f"torch.{name}": id(getattr(torch, name)) for name in TORCH_FUNCTIONS}
-    for name, obj in watched.items():
-        for attribute, value in _counted(name, obj).items():
-            marks[f"{name}.{attribute}"] = id(value)
-            if type(value) is FunctionType:  # (not getattr: a mock makes one up)
-                marks[f"{name}.{attribute}.__code__"] = id(value.__code__)
-    return marks
-
-
 class Snapshot:
     """What the watched objects (and torch's TORCH_FUNCTIONS) point to now, the objects
-    themselves held; `changed()` names those that point elsewhere since (or are gone), as
-    `fingerprint` before and after would, in a fraction of the time: a grade takes one in
-    every rank after every run."""
+    themselves held; `changed()` names those that point elsewhere since (or are gone), by
+    identity. Cheap: a grade takes one in every rank after every run."""
 
     def __init__(self, watched: dict[str, object]) -> None:
         self.watched = watched
