@@ -112,6 +112,11 @@ class RankFailed(LaunchError):
     """A rank raised an exception, or its process died."""
 
 
+class GroupNotFormed(RuntimeError):
+    """The ranks could not form their process group (gloo's connections between them failed,
+    which a machine busy enough has made happen): the function has not run."""
+
+
 class RanksHung(LaunchError):
     """Ranks waited for each other with no end in sight: computed nothing for too long."""
 
@@ -234,14 +239,17 @@ def _one_run(
         if backend == "nccl":
             torch.cuda.set_device(rank)
         store = torch.distributed.FileStore(str(folder / "store"), world)
-        with _backend_plugins_known():
-            torch.distributed.init_process_group(
-                backend,
-                store=store,
-                rank=rank,
-                world_size=world,
-                timeout=timedelta(seconds=init_timeout),
-            )
+        try:
+            with _backend_plugins_known():
+                torch.distributed.init_process_group(
+                    backend,
+                    store=store,
+                    rank=rank,
+                    world_size=world,
+                    timeout=timedelta(seconds=init_timeout),
+                )
+        except Exception as error:
+            raise GroupNotFormed(str(error)) from error
         result = fn(*args, **kwargs)
         with open(folder / f"rank{rank}.partial", "wb") as f:
             pickle.dump(_plain(result), f)
@@ -992,6 +1000,11 @@ class _Order(_Group):
             self.status.setdefault(r, signal.SIGKILL)
 
 
+def _not_formed(outcome: "Launched | LaunchError") -> bool:
+    """Return True for a run whose ranks failed to form their group (see GroupNotFormed)."""
+    return isinstance(outcome, RankFailed) and f"raised {GroupNotFormed.__name__}:" in str(outcome)
+
+
 class RankPool:
     """Groups whose processes stay for many runs, one group per size: what `launch_each`
     does, without forking afresh for each run.
@@ -1019,6 +1032,7 @@ class RankPool:
         self.ready_seconds = ready_seconds
         self.groups: dict[int, _Ranks] = {}
         self.forks = 0  # ranks forked so far
+        self.formed_again: list[int] = []  # the sizes of the runs done again (see run_each)
 
     def _ranks(self, nprocs: int, backend: str, key: object, store_timeout: float) -> _Ranks:
         ranks = self.groups.get(nprocs)
@@ -1085,7 +1099,18 @@ class RankPool:
             return self._send(ranks, folder, fn)
 
         try:
-            return _side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin)
+            done = _side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin)
+            # A group that could not form has run nothing: once more, on ranks forked anew
+            # (those whose run failed serve no more).
+            again = [i for i, d in enumerate(done) if _not_formed(d)]
+            if again:
+                redone = _side_by_side(
+                    [calls[i] for i in again], backend, timeout, idle_timeout, cpu_limit, begin
+                )
+                for i, outcome in zip(again, redone, strict=True):
+                    done[i] = outcome
+                    self.formed_again.append(calls[i][1])
+            return done
         except BaseException:
             self.close()
             raise
