@@ -14,8 +14,9 @@ a script, made for functions defined in a notebook:
 - a process that raises, dies, computes nothing for `idle_timeout` seconds (a deadlock) or
   runs past `timeout` stops the whole group, and the error names the rank and says where each
   rank was. Ranks blocked in torch.distributed's own waits are called deadlocked sooner, once
-  every thread of theirs has slept for QUIET_SECONDS and none runs Python when asked to
-  (a rank in `time.sleep` would): on a machine without a GPU, which a rank could wait for.
+  no thread of theirs has run or waited to run for QUIET_SECONDS and none runs Python when
+  asked to (a rank in `time.sleep` would): on a machine without a GPU, which a rank could
+  wait for.
 
 It returns a `Launched`: rank 0's return value as `.result`, every rank's in `.results`,
 and what each rank printed in `.outputs`.
@@ -454,6 +455,8 @@ class _Group:
         self.ended_at: dict[int, float] = {}  # when the parent found each one ended
         self.read = [0] * len(pids)  # bytes of each rank's log shown so far
         self.partial = [""] * len(pids)
+        self.seen: dict[tuple[int, str], float] = {}  # (rank, thread) -> its schedstat (see demand)
+        self.demanded, self.demand_at = 0.0, 0.0
 
     def reap(self) -> None:
         for rank, pid in enumerate(self.pids):
@@ -515,19 +518,34 @@ class _Group:
                 print(f"[rank {rank}] {rest}", flush=True)
             self.partial[rank] = ""
 
-    def asleep(self) -> bool:
-        """Return True when no thread of any running rank runs or waits for a processor: each
-        one sleeps (state S), waiting for something (a busy machine leaves ranks runnable, R)."""
+    def demand(self) -> float:
+        """Return the seconds the running ranks' threads have run or waited to run, added up
+        since this group's first call. From the kernel's schedstat: time on a processor and
+        time waiting for one (a busy machine keeps ranks waiting: that counts as wanting to
+        run). A thread found held up otherwise (in a disk wait, or stopped) counts as wanting
+        to run since the last call. Threads count from when they are first seen."""
+        now = time.monotonic()
+        since_last, self.demand_at = now - (self.demand_at or now), now
         for r in self.running:
             try:
-                for task in os.listdir(f"/proc/{self.pids[r]}/task"):
-                    with open(f"/proc/{self.pids[r]}/task/{task}/stat", "rb") as f:
+                tasks = os.listdir(f"/proc/{self.pids[r]}/task")
+            except OSError:
+                continue
+            for task in tasks:
+                folder = f"/proc/{self.pids[r]}/task/{task}"
+                try:
+                    with open(f"{folder}/schedstat", "rb") as f:
+                        on_cpu, queued = f.read().split()[:2]
+                    with open(f"{folder}/stat", "rb") as f:
                         stat = f.read()
-                    if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"S":
-                        return False
-            except (OSError, ValueError):
-                return False
-        return True
+                except (OSError, ValueError):
+                    continue
+                used = (int(on_cpu) + int(queued)) / 1e9
+                self.demanded += used - self.seen.get((r, task), 0.0)
+                self.seen[(r, task)] = used
+                if stat[stat.rindex(b")") + 2 :][:1] in (b"D", b"T", b"t"):
+                    self.demanded += since_last
+        return self.demanded
 
     def ask_awake(self, ranks: list[int]) -> None:
         """Ask `ranks` to run a line of Python (see `answered`)."""
@@ -547,7 +565,15 @@ class _Group:
         for r in self.running:
             with contextlib.suppress(OSError):
                 os.kill(self.pids[r], signal.SIGUSR1)
-        time.sleep(0.3)
+        # faulthandler writes from its signal handler, at once: wait until every rank's stack
+        # is there and has stopped growing (at most STACK_SECONDS, for a rank that never writes).
+        deadline, sizes = time.monotonic() + STACK_SECONDS, None
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = [self._stack_size(r) for r in self.running]
+            if now == sizes and all(now):
+                break
+            sizes = now
         found = {}
         for r in self.running:
             try:
@@ -555,6 +581,12 @@ class _Group:
             except OSError:
                 found[r] = ""
         return found
+
+    def _stack_size(self, rank: int) -> int:
+        try:
+            return os.stat(self.folder / f"rank{rank}.stack").st_size
+        except OSError:
+            return 0
 
     def kill(self) -> None:
         for r in self.running:
@@ -582,11 +614,20 @@ class _Group:
 # What gloo says when the process at the other end of a connection has gone.
 PEER_GONE = (b"Connection closed by peer", b"Connection reset by peer", b"Read error")
 IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting, not computing
-# Ranks whose every thread has slept this long, computing nothing, and that run no Python when
-# asked to, wait inside torch.distributed for each other: a deadlock, called before idle_timeout.
-QUIET_SECONDS = 1.5
+# Ranks whose threads have neither run nor waited for a processor for this long (a busy machine
+# keeps them waiting), and that run no Python when asked to, wait inside torch.distributed for
+# each other: a deadlock, called before idle_timeout.
+QUIET_SECONDS = 1.0
 ANSWER_SECONDS = 0.2  # how long a rank has to answer (a Python signal handler runs at once)
-RUNNING_SECONDS = 0.05
+DEMAND_SECONDS = 0.1  # how often the parent reads what the waiting ranks' threads are doing
+STACK_SECONDS = 0.3  # the longest a deadlocked rank is given to write its stack (see where)
+
+
+def _quiet(then: tuple[float, float, float], later: tuple[float, float, float]) -> bool:
+    """Return True if, between two readings (wall clock, demand, processor time), the ranks
+    computed next to nothing and their threads hardly wanted to run (see _Group.demand)."""
+    most = IDLE_SHARE * (later[0] - then[0])
+    return later[2] - then[2] < most and later[1] - then[1] < most
 
 
 def _accelerator_here() -> bool:
@@ -605,9 +646,8 @@ def _parent_waits(
     readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
     grace_until = None  # after a rank fails, the others get a moment to fail by themselves
     early = bool(idle_timeout) and idle_timeout > QUIET_SECONDS and not _accelerator_here()
-    quiet: tuple[float, float] | None = None  # since when (and the processor time then) no
-    asked = None  # thread has run for long; when the waiting ranks were asked to answer
-    running_since = None  # since when every look has found a thread running (or runnable)
+    demands: list[tuple[float, float, float]] = []  # (wall clock, demand, processor time)
+    asked = None  # when the waiting ranks were asked to answer, and the reading quiet since
     while True:
         group.reap()
         group.stream()
@@ -632,26 +672,25 @@ def _parent_waits(
         )
         quiet_for = idle_timeout
         if early and not stuck and grace_until is None:
-            # A waiting thread wakes now and then (gloo's own loop does), so a look that finds
-            # one running says little; threads found running for RUNNING_SECONDS are working,
-            # or waiting for a processor (a busy machine), and the ranks are not stuck.
+            # The readings of the last QUIET_SECONDS, and the one just before them.
+            if not demands or now - demands[-1][0] >= DEMAND_SECONDS:
+                demands.append((now, group.demand(), cpu))
+            while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS:
+                demands.pop(0)
             waiting = [r for r in group.running if not group.returned(r)]
-            running = bool(waiting) and not group.asleep()
-            running_since = (running_since or now) if running else None
-            if not waiting or (running_since and now - running_since >= RUNNING_SECONDS):
-                quiet = asked = None
-            elif quiet is None:
-                quiet = (now, cpu)
-            elif asked is None and now - quiet[0] >= QUIET_SECONDS:
-                group.ask_awake(waiting)
-                asked = now
-            elif asked is not None and now - asked >= ANSWER_SECONDS:
+            if not waiting:
+                asked = None
+            elif asked is None:
+                if now - demands[0][0] >= QUIET_SECONDS and _quiet(demands[0], demands[-1]):
+                    group.ask_awake(waiting)
+                    asked = (now, demands[0])
+            elif now - asked[0] >= ANSWER_SECONDS:
                 if group.answered(waiting):
                     early = False  # it sleeps in Python (time.sleep): idle_timeout decides
-                elif cpu - quiet[1] < IDLE_SHARE * (now - quiet[0]):
-                    stuck, quiet_for = True, now - quiet[0]
+                elif _quiet(asked[1], (now, group.demand(), cpu)):
+                    stuck, quiet_for = True, now - asked[1][0]
                 else:
-                    quiet = asked = None
+                    asked = None
         if cpu_limit and cpu > cpu_limit:
             group.kill()
             group.flush()

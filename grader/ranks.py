@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
 # Ranks that together compute next to nothing this long are deadlocked (those blocked in
-# torch.distributed, found asleep and deaf to Python, sooner: dplab.distributed.QUIET_SECONDS).
+# torch.distributed, found idle and deaf to Python, sooner: dplab.distributed.QUIET_SECONDS).
 IDLE_SECONDS = 5.0
 CPU_SECONDS = 60.0  # processor time of one group, all ranks together
 WALL_SECONDS = 300.0  # a backstop

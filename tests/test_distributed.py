@@ -4,10 +4,13 @@ The launcher runs real process groups on gloo over this machine's loopback; the 
 trains LeNet with the reference `train_ddp` in two processes and replays the run in one.
 """
 
+import functools
 import os
 import re
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +140,78 @@ def test_a_rank_sleeping_in_python_while_the_others_wait_for_it_is_not_a_deadloc
     assert QUIET_SECONDS + ANSWER_SECONDS < 2.5
     done = launch(sleeps_then_sends, nprocs=2, idle_timeout=5, show=False)
     assert done.results == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+
+
+def stops_then_sends(folder: Path):
+    t = torch.ones(3)
+    if dist.get_rank() == 0:
+        (folder / "rank0.pid").write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)  # held up outside torch: the test resumes it
+        dist.send(t * 2, 1)
+    else:
+        dist.recv(t, 0)
+    return t.tolist()
+
+
+def test_a_rank_held_up_outside_torch_while_the_others_wait_for_it_is_not_a_deadlock(tmp_path):
+    """A stopped rank runs no Python and uses no processor, like a deadlocked one; it is held
+    up all the same (as one in a disk wait is), and the others wait for it, not for nothing."""
+
+    def resume_later():
+        pid_file = tmp_path / "rank0.pid"
+        while not pid_file.exists():
+            time.sleep(0.01)
+        time.sleep(QUIET_SECONDS + ANSWER_SECONDS + 1.5)
+        os.kill(int(pid_file.read_text()), signal.SIGCONT)
+
+    resumer = threading.Thread(target=resume_later)
+    resumer.start()
+    try:
+        done = launch(functools.partial(stops_then_sends, tmp_path), nprocs=2, idle_timeout=30)
+    finally:
+        resumer.join()
+    assert done.results == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+
+
+def spins_beside(cpu: int, idle: bool) -> int:
+    """Fork a process that spins on processor `cpu` (at the lowest priority with `idle`)."""
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {cpu})
+        if idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        while True:
+            pass
+    return pid
+
+
+def test_a_thread_kept_waiting_for_a_processor_counts_as_wanting_to_run():
+    """What the quick deadlock verdict reads: a process starved of processor time by another
+    (a busy machine) computes next to nothing, yet wants to run all the time; one that sleeps
+    wants nothing."""
+    cpu = min(os.sched_getaffinity(0))
+    hog, starved = spins_beside(cpu, idle=False), spins_beside(cpu, idle=True)
+    sleeper = os.fork()
+    if sleeper == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        groups = {
+            pid: dplab.distributed._Group(Path("."), [pid], False) for pid in (starved, sleeper)
+        }
+        before = {
+            pid: (g.demand(), dplab.distributed.processor_seconds(pid)) for pid, g in groups.items()
+        }
+        time.sleep(1.0)
+        wanted = {pid: g.demand() - before[pid][0] for pid, g in groups.items()}
+        computed = dplab.distributed.processor_seconds(starved) - before[starved][1]
+    finally:
+        for pid in (hog, starved, sleeper):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert computed < 0.3 < wanted[starved]
+    assert wanted[sleeper] < 0.02
 
 
 def skips_the_all_reduce():
