@@ -106,7 +106,8 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="submissions graded side by side (default: %(default)s)",
+        help="submissions graded side by side, and up to twice as many while the cores sit "
+        "idle (default: %(default)s)",
     )
     g.add_argument(
         "--json",

@@ -2,7 +2,9 @@
 
 - `expand` turns the command line into submissions; an nbgrader `submitted/` folder (one
   folder per student) gives one submission per student.
-- Submissions run `jobs` at a time, each in its own fenced children (grader.grading).
+- Submissions run `jobs` at a time, each in its own fenced children (grader.grading); while
+  the cores sit idle (a submission whose ranks deadlocked waits for the verdict), one more
+  starts, up to twice `jobs` (see grader.sandbox.supervisor.SpareCores).
 - After each one finishes, the JSON report, the CSV gradebook and its Gradescope file are
   rewritten atomically, so an interrupted run keeps everything already graded.
 - A submission whose fingerprint (notebooks, grader, options) matches one in the existing
@@ -14,8 +16,9 @@
 import hashlib
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -32,7 +35,7 @@ from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.results import SubmissionResult, read_json, write_atomically, write_json
-from grader.sandbox.supervisor import Phases
+from grader.sandbox.supervisor import LOOK_SECONDS, Phases, spare_cores
 
 
 def is_class_folder(path: Path, manifest: Manifest) -> bool:
@@ -193,16 +196,20 @@ def grade_class(
         return result
 
     show(len(results), 0, None)
-    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    jobs = max(1, jobs)
+    waiting, pending = deque(todo), set()
+    spare = spare_cores()
+    pool = ThreadPoolExecutor(max_workers=2 * jobs)
     try:
-        pending: set[Future] = {pool.submit(grade, sub, mark) for sub, mark in todo}
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        while waiting or pending:
+            while waiting and (len(pending) < jobs or (len(pending) < 2 * jobs and spare.idle())):
+                pending.add(pool.submit(grade, *waiting.popleft()))
+            finished, pending = wait(pending, timeout=LOOK_SECONDS, return_when=FIRST_COMPLETED)
             for future in finished:
                 result = future.result()
                 results[result.id] = result
                 outputs.write(ordered(), result)
-                show(len(results), min(len(pending), jobs), result)
+                show(len(results), len(pending), result)
     except BaseException:  # Ctrl-C or a failure of the grader itself: keep what is done
         stop_all_children()
         pool.shutdown(wait=False, cancel_futures=True)

@@ -8,15 +8,18 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 
 import jsonschema
 import pytest
 
-from grader.grade_class import Progress
+from grader.grade_class import Outputs, Progress, grade_class
+from grader.load.submission import Submission
 from grader.manifest import REPO, load_manifest
 from grader.report.exports import summary_table
 from grader.report.results import SubmissionResult, read_json
+from grader.sandbox.supervisor import SpareCores
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
 MANIFEST = load_manifest()
@@ -221,3 +224,49 @@ def test_summary_table_of_no_submissions():
 def test_grade_reports_its_sandbox(exported):
     _, proc = exported
     assert "sandbox: " in proc.stdout.splitlines()[0]
+
+
+def test_spare_cores_say_idle_only_for_a_long_enough_idle_look(monkeypatch):
+    """One more child or submission starts only when, over half a second or more, the cores
+    were idle for three quarters of a core on average; each such look starts the count anew."""
+    readings = iter([(0.0, 10.0), (0.2, 10.2), (1.0, 10.6), (2.0, 11.4), (2.5, 12.0)])
+    monkeypatch.setattr(SpareCores, "read", lambda self: next(readings))
+    spare = SpareCores()  # the first reading
+    assert not spare.idle()  # 0.2 s later: too soon to say
+    assert not spare.idle()  # 0.6 core idle over 1 s
+    assert spare.idle()  # 0.8 of a core over the second after that: room for one more
+    assert spare.idle()  # 1.2 cores over the half second since
+
+
+def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, tmp_path):
+    """--jobs N runs N submissions at a time, and up to twice N while the cores sit idle (a
+    submission waiting for a deadlock verdict, say); busy cores get no more."""
+    import grader.grade_class as grade_class_module
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def grade_submission(sub, **options):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+        return SubmissionResult(sub.id, str(sub.path), 1.0, 1.0)
+
+    class Spare:
+        def __init__(self, idle):
+            self.answer = idle
+
+        def idle(self, share=0.75):
+            return self.answer
+
+    monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)
+    subs = [Submission(f"s{i}", tmp_path, {}, []) for i in range(8)]
+    for idle, expected in ((False, 2), (True, 4)):
+        monkeypatch.setattr(grade_class_module, "spare_cores", lambda idle=idle: Spare(idle))
+        most[0] = 0
+        results = grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
+        assert [r.id for r in results] == [s.id for s in subs]
+        assert most[0] == expected

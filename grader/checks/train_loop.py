@@ -133,12 +133,13 @@ LEARNING_BATCHES = 6  # per epoch, of 32 images: ten epochs make 60 steps
 @case(holds=("get_params", "train_batch", "lenet"))
 def learns_on_the_sample(student, ctx):
     """Ten epochs of 6 batches of 32 images from the embedded sample, lr 0.2, starting from
-    weights of scale 0.1, which get going faster than the book's 0.01; the loop evaluates on
-    100 test images. The reference reaches 0.56 to 0.75 this way (chance is 0.10)."""
+    weights of scale 0.1, which get going faster than the book's 0.01. The loop evaluates on
+    20 test images (what it measures is only shown; the judge measures the trained replica
+    on 500). The reference reaches 0.46 to 0.71 this way over twelve seeds (chance is 0.10)."""
     data = dplab.data.embedded_sample()
     shuffled = dplab.Batches(data.train_images, data.train_labels, 32, shuffle=True, seed=ctx.seed)
     train_iter = FirstBatches(shuffled, LEARNING_BATCHES)
-    test_iter = dplab.Batches(data.test_images[:100], data.test_labels[:100], 100)
+    test_iter = dplab.Batches(data.test_images[:20], data.test_labels[:20], 20)
     made: list = []
     real_get_params = student.get("get_params")
 

@@ -30,7 +30,8 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -577,9 +578,9 @@ def run_isolated(
     phases: Phases | None = None,
     side_by_side: int = 1,
 ) -> Collected:
-    """Run every exercise's cases in fenced children, one notebook's at a time or, with
-    `side_by_side` above 1, that many notebooks' at once (each in a scratch folder of its
-    own); a child that stops early is followed by another."""
+    """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
+    (each in a scratch folder of its own), and one more while the cores sit idle (see
+    SpareCores); a child that stops early is followed by another."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
@@ -591,17 +592,75 @@ def run_isolated(
         mine = [ex for ex in todo if ex.notebook == notebook]
         run_notebook(sub, mine, checks, seed, limits, threads, collected)
 
-    if side_by_side > 1 and len(notebooks) > 1:
-        pool = ThreadPoolExecutor(min(side_by_side, len(notebooks)))
-        try:
-            for done in [pool.submit(run, notebook) for notebook in notebooks]:
+    # More start while the cores sit idle: a notebook whose ranks deadlocked waits for the
+    # verdict, computing nothing, and the notebooks after it need not wait with it.
+    spare = spare_cores()
+    pool = ThreadPoolExecutor(max(1, len(notebooks)))
+    waiting, running = deque(notebooks), set()
+    try:
+        while waiting or running:
+            while waiting and (len(running) < max(1, side_by_side) or spare.idle()):
+                running.add(pool.submit(run, waiting.popleft()))
+            timeout = LOOK_SECONDS if waiting else None
+            finished, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for done in finished:
                 done.result()
-        finally:  # on Ctrl-C, the caller stops the children (stop_all_children): no waiting
-            pool.shutdown(wait=False, cancel_futures=True)
-    else:
-        for notebook in notebooks:
-            run(notebook)
+    finally:  # on Ctrl-C, the caller stops the children (stop_all_children): no waiting
+        pool.shutdown(wait=False, cancel_futures=True)
     return collected
+
+
+SPARE_SHARE = 0.75  # of a core, idle on average since the last look: room for one more
+LOOK_SECONDS = 0.5
+
+
+class SpareCores:
+    """How idle this process's cores have been since the last look (/proc/stat). Graders
+    start one more notebook's child, or one more submission, while they sit idle, so that
+    the cores they were given stay busy while a child only waits (ranks watched for a
+    deadlock verdict, say). Other users' work on the same cores counts as busy: a shared
+    machine gets no extra load. One is shared by the whole process (see spare_cores)."""
+
+    def __init__(self) -> None:
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.lines = {f"cpu{c}" for c in cores}
+        self.lock = threading.Lock()
+        self.last = self.read()
+
+    def read(self) -> tuple[float, float] | None:
+        """Return (now, seconds these cores have been idle in all), or None where unknown."""
+        try:
+            with open("/proc/stat") as f:
+                rows = [line.split() for line in f if line.startswith("cpu")]
+        except OSError:
+            return None
+        idle = sum(int(r[4]) + int(r[5]) for r in rows if r[0] in self.lines)  # idle, iowait
+        return time.monotonic(), idle / os.sysconf("SC_CLK_TCK")
+
+    def idle(self, share: float = SPARE_SHARE) -> bool:
+        """Return True if, since the last look at least LOOK_SECONDS ago, `share` of a core
+        was idle on average; such a look starts the count anew (so one more at a time)."""
+        with self.lock:
+            now = self.read()
+            if now is None or self.last is None:
+                return False
+            if now[0] - self.last[0] < LOOK_SECONDS:
+                return False
+            spare = (now[1] - self.last[1]) / (now[0] - self.last[0])
+            self.last = now
+            return spare >= share
+
+
+_spare: list[SpareCores] = []
+_spare_lock = threading.Lock()
+
+
+def spare_cores() -> SpareCores:
+    """Return this process's SpareCores."""
+    with _spare_lock:
+        if not _spare:
+            _spare.append(SpareCores())
+        return _spare[0]
 
 
 def run_notebook(
