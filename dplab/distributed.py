@@ -455,7 +455,7 @@ class _Group:
         self.ended_at: dict[int, float] = {}  # when the parent found each one ended
         self.read = [0] * len(pids)  # bytes of each rank's log shown so far
         self.partial = [""] * len(pids)
-        self.seen: dict[tuple[int, str], float] = {}  # (rank, thread) -> its schedstat (see demand)
+        self.seen: dict[tuple[int, str], tuple] = {}  # (rank, thread) -> schedstat (see demand)
         self.demanded, self.demand_at = 0.0, 0.0
 
     def reap(self) -> None:
@@ -522,8 +522,10 @@ class _Group:
         """Return the seconds the running ranks' threads have run or waited to run, added up
         since this group's first call. From the kernel's schedstat: time on a processor and
         time waiting for one (a busy machine keeps ranks waiting: that counts as wanting to
-        run). A thread found held up otherwise (in a disk wait, or stopped) counts as wanting
-        to run since the last call. Threads count from when they are first seen."""
+        run). The kernel adds a wait when the thread gets a processor, so a thread found
+        runnable that has not run since the last call, kept waiting all along, counts as
+        wanting to run since then; so does one held up otherwise (in a disk wait, or
+        stopped). Threads count from when they are first seen."""
         now = time.monotonic()
         since_last, self.demand_at = now - (self.demand_at or now), now
         for r in self.running:
@@ -535,15 +537,17 @@ class _Group:
                 folder = f"/proc/{self.pids[r]}/task/{task}"
                 try:
                     with open(f"{folder}/schedstat", "rb") as f:
-                        on_cpu, queued = f.read().split()[:2]
+                        on_cpu, queued, runs = f.read().split()[:3]
                     with open(f"{folder}/stat", "rb") as f:
                         stat = f.read()
                 except (OSError, ValueError):
                     continue
                 used = (int(on_cpu) + int(queued)) / 1e9
-                self.demanded += used - self.seen.get((r, task), 0.0)
-                self.seen[(r, task)] = used
-                if stat[stat.rindex(b")") + 2 :][:1] in (b"D", b"T", b"t"):
+                last_used, last_runs = self.seen.get((r, task), (0.0, None))
+                self.demanded += used - last_used
+                self.seen[(r, task)] = (used, runs)
+                state = stat[stat.rindex(b")") + 2 :][:1]
+                if state in (b"D", b"T", b"t") or (state == b"R" and runs == last_runs):
                     self.demanded += since_last
         return self.demanded
 
