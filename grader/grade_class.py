@@ -13,12 +13,11 @@
   nothing a submission's code wrote into them survives.
 """
 
+import contextlib
 import hashlib
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -35,7 +34,7 @@ from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.results import SubmissionResult, read_json, write_atomically, write_json
-from grader.sandbox.supervisor import LOOK_SECONDS, Phases, spare_cores
+from grader.sandbox.supervisor import Phases, side_by_side_while_idle
 
 
 def is_class_folder(path: Path, manifest: Manifest) -> bool:
@@ -196,25 +195,17 @@ def grade_class(
         return result
 
     show(len(results), 0, None)
-    jobs = max(1, jobs)
-    waiting, pending = deque(todo), set()
-    spare = spare_cores()
-    pool = ThreadPoolExecutor(max_workers=2 * jobs)
+    finishing = side_by_side_while_idle(lambda job: grade(*job), todo, jobs, 2 * jobs)
     try:
-        while waiting or pending:
-            while waiting and (len(pending) < jobs or (len(pending) < 2 * jobs and spare.idle())):
-                pending.add(pool.submit(grade, *waiting.popleft()))
-            finished, pending = wait(pending, timeout=LOOK_SECONDS, return_when=FIRST_COMPLETED)
-            for future in finished:
+        with contextlib.closing(finishing):
+            for future, running in finishing:
                 result = future.result()
                 results[result.id] = result
                 outputs.write(ordered(), result)
-                show(len(results), len(pending), result)
+                show(len(results), running, result)
     except BaseException:  # Ctrl-C or a failure of the grader itself: keep what is done
         stop_all_children()
-        pool.shutdown(wait=False, cancel_futures=True)
         outputs.write(ordered(), None)
         raise
-    pool.shutdown()
     outputs.write(ordered(), None)
     return ordered()

@@ -262,10 +262,12 @@ def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, 
         def idle(self, share=0.75):
             return self.answer
 
+    import grader.sandbox.supervisor as supervisor
+
     monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)
     subs = [Submission(f"s{i}", tmp_path, {}, []) for i in range(8)]
     for idle, expected in ((False, 2), (True, 4)):
-        monkeypatch.setattr(grade_class_module, "spare_cores", lambda idle=idle: Spare(idle))
+        monkeypatch.setattr(supervisor, "spare_cores", lambda idle=idle: Spare(idle))
         most[0] = 0
         results = grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
         assert [r.id for r in results] == [s.id for s in subs]

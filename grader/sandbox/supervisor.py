@@ -31,10 +31,11 @@ import tempfile
 import threading
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -594,20 +595,32 @@ def run_isolated(
 
     # More start while the cores sit idle: a notebook whose ranks deadlocked waits for the
     # verdict, computing nothing, and the notebooks after it need not wait with it.
+    for done, _ in side_by_side_while_idle(run, notebooks, side_by_side, len(notebooks)):
+        done.result()
+    return collected
+
+
+def side_by_side_while_idle(
+    fn: Callable[[Any], Any], items: list, least: int, most: int
+) -> Iterator[tuple[Future, int]]:
+    """Run `fn(item)` for each item in threads of their own, in order: `least` at a time,
+    and one more while the cores sit idle (see SpareCores), up to `most`. Yield each call's
+    future as it finishes, with how many are still running. Closing the iterator (Ctrl-C)
+    starts no more and does not wait for those running: the caller stops their children."""
+    least, most = max(1, least), max(1, least, most)
     spare = spare_cores()
-    pool = ThreadPoolExecutor(max(1, len(notebooks)))
-    waiting, running = deque(notebooks), set()
+    pool = ThreadPoolExecutor(most)
+    waiting, running = deque(items), set()
     try:
         while waiting or running:
-            while waiting and (len(running) < max(1, side_by_side) or spare.idle()):
-                running.add(pool.submit(run, waiting.popleft()))
+            while waiting and (len(running) < least or (len(running) < most and spare.idle())):
+                running.add(pool.submit(fn, waiting.popleft()))
             timeout = LOOK_SECONDS if waiting else None
             finished, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
             for done in finished:
-                done.result()
-    finally:  # on Ctrl-C, the caller stops the children (stop_all_children): no waiting
+                yield done, len(running)
+    finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return collected
 
 
 SPARE_SHARE = 0.75  # of a core, idle on average since the last look: room for one more
