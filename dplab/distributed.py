@@ -621,7 +621,7 @@ IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting
 # Ranks whose threads have neither run nor waited for a processor for this long (a busy machine
 # keeps them waiting), and that run no Python when asked to, wait inside torch.distributed for
 # each other: a deadlock, called before idle_timeout.
-QUIET_SECONDS = 1.0
+QUIET_SECONDS = 0.6
 ANSWER_SECONDS = 0.2  # how long a rank has to answer (a Python signal handler runs at once)
 DEMAND_SECONDS = 0.1  # how often the parent reads what the waiting ranks' threads are doing
 STACK_SECONDS = 0.3  # the longest a deadlocked rank is given to write its stack (see where)

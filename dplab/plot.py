@@ -10,8 +10,6 @@ import re
 import sys
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 # Set in a process forked from the kernel (dplab.distributed): it must not draw in the
 # notebook, whose connection belongs to the kernel; its plots are saved as files instead.
 HEADLESS = False
@@ -50,8 +48,8 @@ class Animator:
         figsize: tuple[float, float] = (3.5, 2.5),
         save_to: str | Path | None = None,
     ) -> None:
-        self.fig = Figure(figsize=figsize)
-        self.axes = self.fig.add_subplot()
+        self.figsize = figsize
+        self._fig = self._axes = None  # made at the first draw (see `fig`)
         self.xlabel, self.ylabel, self.legend = xlabel, ylabel, legend or []
         self.xlim, self.ylim, self.xscale, self.yscale = xlim, ylim, xscale, yscale
         self.fmts = fmts
@@ -61,6 +59,33 @@ class Animator:
         self._warned = False
         self.path = Path(save_to) if save_to else figure_path(ylabel or "animator")
         self._handle = None
+
+    @property
+    def fig(self):
+        """The matplotlib Figure, made when first needed: making one takes some 30 ms, and
+        an Animator that never draws (a grader's, say) need not pay for it."""
+        if self._fig is None:
+            from matplotlib.figure import Figure
+
+            self._fig = Figure(figsize=self.figsize)
+            self._axes = self._fig.add_subplot()
+        return self._fig
+
+    @fig.setter
+    def fig(self, value) -> None:
+        self._fig = value
+
+    @property
+    def axes(self):
+        """The Axes the series are drawn on (made with the figure)."""
+        if self._axes is None:
+            figure = self.fig
+            self._axes = figure.axes[0] if figure.axes else figure.add_subplot()
+        return self._axes
+
+    @axes.setter
+    def axes(self, value) -> None:
+        self._axes = value
 
     def add(self, x: float | list[float], y: float | list[float] | tuple[float, ...]) -> None:
         """Append the point(s) `y` at `x` and redraw."""

@@ -127,17 +127,23 @@ ten_epochs_on_tiny_batches = recorded_run.using(
     num_devices=2,
 )
 
-LEARNING_BATCHES = 6  # per epoch, of 32 images: ten epochs make 60 steps
+# Ten epochs of 6 batches of 16 images (8 a device) make 60 steps. The convolutions' own
+# arithmetic is most of the case's time, so it grows with the images a step: batches of 32
+# at lr 0.2 reached the same accuracies (0.46 to 0.71 over 36 seeds) at 1.3 s a run, 16 take
+# 0.9 s. At lr 0.2, 16 images a step sometimes diverged (0.06 once in 12 seeds).
+LEARNING_BATCHES, LEARNING_SIZE, LEARNING_RATE = 6, 16, 0.15
 
 
 @case(holds=("get_params", "train_batch", "lenet"))
 def learns_on_the_sample(student, ctx):
-    """Ten epochs of 6 batches of 32 images from the embedded sample, lr 0.2, starting from
+    """Ten epochs of 6 batches of 16 images from the embedded sample, lr 0.15, starting from
     weights of scale 0.1, which get going faster than the book's 0.01. The loop evaluates on
     20 test images (what it measures is only shown; the judge measures the trained replica
-    on 500). The reference reaches 0.46 to 0.71 this way over twelve seeds (chance is 0.10)."""
+    on 500). The reference reaches 0.42 to 0.67 this way over 36 seeds (chance is 0.10)."""
     data = dplab.data.embedded_sample()
-    shuffled = dplab.Batches(data.train_images, data.train_labels, 32, shuffle=True, seed=ctx.seed)
+    shuffled = dplab.Batches(
+        data.train_images, data.train_labels, LEARNING_SIZE, shuffle=True, seed=ctx.seed
+    )
     train_iter = FirstBatches(shuffled, LEARNING_BATCHES)
     test_iter = dplab.Batches(data.test_images[:20], data.test_labels[:20], 20)
     made: list = []
@@ -159,8 +165,8 @@ def learns_on_the_sample(student, ctx):
         call = attempt(
             fn,
             num_gpus=2,
-            batch_size=32,
-            lr=0.2,
+            batch_size=LEARNING_SIZE,
+            lr=LEARNING_RATE,
             num_epochs=EPOCHS,
             data=(train_iter, test_iter),
             devices=ctx.devices[:2],

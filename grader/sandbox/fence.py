@@ -208,12 +208,15 @@ def choose_fence() -> Fence:
     # The strongest fence whose loopback comes up (a container without NET_ADMIN cannot bring
     # it up as root, but can inside a user namespace); failing that, the strongest that works,
     # which grades all but the process groups and says why not.
-    works = [(f, up) for f in candidates if (up := _probe(f)) is not None]
-    for fence, up in works:
+    works = []
+    for fence in candidates:  # each probe starts a Python behind the fence: stop at the first
+        up = _probe(fence)
         if up:
             return fence
+        if up is not None:
+            works.append(fence)
     if works:
-        fence = works[0][0]
+        fence = works[0]
         return replace(fence, loopback=False, description=f"{fence.description}; {NO_LOOPBACK}")
     return none
 

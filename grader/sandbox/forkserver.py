@@ -13,9 +13,10 @@ Each child is as fresh as a started one where it matters:
 - only its two pipes and its log stay open: every other descriptor of the server is closed.
 
 The server never imports a hidden check, a mistake or a reference solution (a child would
-inherit them), never starts a thread, and never touches CUDA, which a forked child could not
-use afterwards. So the grader uses it only where no CUDA device is visible, and starts each
-child afresh elsewhere (`GRADER_START=spawn` asks for that everywhere).
+inherit them), never forks while a thread of its own runs, and never touches CUDA, which a
+forked child could not use afterwards. So the grader uses it only where no CUDA device is
+visible, and starts each child afresh elsewhere (`GRADER_START=spawn` asks for that
+everywhere).
 
 Protocol, on a SOCK_SEQPACKET socket: the server says `ready` (with whether a probe child
 could enter the fence); each request is one JSON message with four descriptors (report pipe,
@@ -55,6 +56,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -248,7 +250,7 @@ def peer_uid(connection: socket.socket) -> int:
 def serve_warm(
     listener: socket.socket,
     path: str,
-    fence: Fence,
+    chosen: Callable[[], Fence],
     idle: float,
     everything: bool,
     started_in: dict[str, str],
@@ -256,13 +258,15 @@ def serve_warm(
     """The warm server: import once, then fork a session (`serve`, on its own connection) for
     each grader that connects, until no grader has come or been served for `idle` seconds, or
     until its code is no longer the grader's (`warm_key` has changed: a file was edited).
-    Only a process of this server's own user is served."""
+    Only a process of this server's own user is served. `chosen()` returns the fence (being
+    chosen while this imports)."""
     key = Path(path).stem
     looked = time.monotonic()
     preload()
     later = [preload_when_idle]
     if everything:
         later.pop()()
+    fence = chosen()
     fenced = probe_fence(fence)
     sessions: set[int] = set()
     last = time.monotonic()
@@ -421,7 +425,26 @@ def main() -> None:
 
         if asked_fence:
             os.environ["GRADER_FENCE"] = asked_fence
-        fence = choose_fence()  # chosen once here, and known to every command run here
+        # Chosen once here, and known to every command run here. Its probes (a Python started
+        # behind each fence tried, 0.3 s) wait on processes of their own: a thread waits for
+        # them while this one imports, and has ended before anything is forked.
+        chosen: list = []
+
+        def choose() -> None:
+            try:
+                chosen.append(choose_fence())
+            except BaseException as error:  # raised again where the fence is needed
+                chosen.append(error)
+
+        chooser = threading.Thread(target=choose)
+        chooser.start()
+
+        def fence() -> Fence:
+            chooser.join()
+            if isinstance(chosen[0], BaseException):
+                raise chosen[0]
+            return chosen[0]
+
         serve_warm(listener, path, fence, float(idle), everything == "all", environment)
         os._exit(0)
     control = socket.socket(fileno=int(sys.argv[1]))
