@@ -1,6 +1,7 @@
 """Children forked from the warm fork server grade, fail and stay fenced as started ones do."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,83 @@ def test_notebooks_graded_side_by_side_get_the_verdicts_they_get_one_at_a_time(t
     assert resnet and not any("segmentation fault" in m or "Fatal" in m for m in resnet)
 
 
+class IdleCores:
+    """Cores that always sit idle: a helper starts as soon as there is an exercise to take."""
+
+    def idle(self, share: float = 0.75) -> bool:
+        return True
+
+
+def test_a_helper_child_takes_exercises_from_the_far_end_and_the_verdicts_stay_the_same(
+    tmp_path, monkeypatch
+):
+    """While a child waits (here in time.sleep), idle cores run the notebook's last exercises
+    in a helper, back from the end; a crash there is restarted there. Every verdict is the one
+    a single child gives."""
+    import grader.grading
+    import grader.sandbox.supervisor as supervisor
+
+    folder = tmp_path / "shared" / MANIFEST.assignment
+    waits = (
+        "import time\n_waited = []\n\n"
+        "def allreduce(data):\n"
+        "    if not _waited:\n"
+        "        _waited.append(True)\n"
+        "        time.sleep(3)\n"
+        "    for i in range(1, len(data)):\n"
+        "        data[0][:] += data[i].to(data[0].device)\n"
+        "    for i in range(1, len(data)):\n"
+        "        data[i][:] = data[0].to(data[i].device)"
+    )
+    crashes = (
+        "import os\n\n"
+        "def split_batch(X, y, devices):\n"
+        "    if X.shape[0] != y.shape[0]:\n"
+        "        os._exit(3)\n"
+        "    assert X.shape[0] == y.shape[0]\n"
+        "    return (d2l.scatter(X, devices), d2l.scatter(y, devices))"
+    )
+    cells = replacing("split_batch", crashes)
+    cells = [waits if "def allreduce(" in c else c for c in cells]
+    write_notebook(folder / "from_scratch.ipynb", *cells)
+    exercises = ["try_gpu", "allreduce", "split_batch", "train_batch"]
+    helpers = []
+
+    def counting(*args, **kwargs):
+        collected = supervisor.run_isolated(*args, **kwargs)
+        helpers.append(collected.helpers)
+        return collected
+
+    monkeypatch.setattr(grader.grading, "run_isolated", counting)
+    monkeypatch.setattr(supervisor.Shares, "helper", lambda self, collected: None)
+    alone = verdicts(grade_path(folder, exercises, side_by_side=1))
+    monkeypatch.undo()
+    monkeypatch.setattr(grader.grading, "run_isolated", counting)
+    monkeypatch.setattr(supervisor, "spare_cores", IdleCores)
+    shared = verdicts(grade_path(folder, exercises, side_by_side=1))
+    assert helpers[0] == 0 and helpers[1] >= 1  # the helper took train_batch, then split_batch
+    assert shared == alone
+    crashed = [m for name, (_, _, m) in shared.items() if name.startswith("split_batch")]
+    assert any("exited with code 3" in m for m in crashed)
+    assert all(p for name, (p, _, _) in shared.items() if name.startswith(("allreduce", "train")))
+
+
+def test_shares_give_each_exercise_to_the_loop_that_takes_it_first():
+    from grader.sandbox.supervisor import Collected, Shares
+
+    exercises = [MANIFEST.exercise(e) for e in ("try_gpu", "allreduce", "split_batch")]
+    shares, collected, first = Shares(exercises), Collected(), object()
+    assert shares.untaken(collected) == []  # nothing to help with before the first loop starts
+    assert shares.helper(collected) is None
+    assert shares.take("try_gpu", first)
+    helper = shares.helper(collected)  # takes the last exercise nobody has taken
+    assert helper is not None and shares.owner["split_batch"] is helper
+    assert not shares.take("split_batch", first) and shares.take("allreduce", helper)
+    assert [ex.id for ex in shares.mine(first, collected)] == ["try_gpu"]
+    collected.changed["try_gpu"] = []  # finished
+    assert shares.mine(first, collected) == [] and shares.helper(collected) is None
+
+
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
     hidden = MANIFEST.package_folder(MANIFEST.private_packages[0]) / "try_gpu.py"
     peek = f"def try_gpu(i=0):\n    return open({str(hidden)!r}).read()"
@@ -82,6 +160,27 @@ def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
     (ex,) = grade_path(folder, ["try_gpu"]).exercises
     assert ex.score == 0
     assert "private to the grader" in " ".join(c.message for c in ex.checks)
+
+
+def test_huge_pages_leave_forked_children_computing_as_before():
+    """The warm server backs what it has imported with huge pages while it waits (where the
+    system has them); children forked afterwards compute the same."""
+    code = (
+        "import os, torch\n"
+        "from grader.sandbox.forkserver import huge_pages\n"
+        "x = torch.arange(6.0).reshape(2, 3)\n"
+        "asked = huge_pages()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0 if torch.equal(x @ x.T, torch.tensor([[5.0, 14.0], [14.0, 50.0]])) else 1)\n"
+        "print(asked, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+    )
+    done = subprocess.run([python(), "-c", code], capture_output=True, text=True, check=True)
+    asked, child = done.stdout.split()
+    assert child == "0"
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert int(asked) >= 100 << 20  # most of what importing torch leaves in memory
 
 
 def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():

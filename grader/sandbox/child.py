@@ -4,7 +4,9 @@ Started by the fork server (grader.sandbox.forkserver) or as `python -m grader.s
 REQUEST`, inside the fence (grader.sandbox.fence). It reads the request (then deletes it),
 arms the audit hook, and only then touches the student's code.
 It reports on a pipe, one frame at a time, so that the grader knows what was running if the
-child dies: `exercise-start`, `loading`, `loaded`, `case-start`, `case`, `exercise-done`.
+child dies: `claim`, `exercise-start`, `loading`, `loaded`, `case-start`, `case`,
+`exercise-done`. Before each exercise it claims it, and runs it only if the grader says go:
+while cores sit idle, another child may be running the notebook's exercises from the far end.
 It never judges: the grader's own process does that from these frames.
 
 An exercise whose cases hold names right (see grader.load.reference) asks for them with a `held`
@@ -198,6 +200,11 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     with contextlib.ExitStack() as pools:
         for exercise_id, plan in plans.items():
             ex = manifest.exercise(exercise_id)
+            # Another child of the notebook may have taken it meanwhile (grader.sandbox.supervisor
+            # shares a notebook's exercises out between children while cores sit idle).
+            channel.send("claim", exercise=exercise_id)
+            if not read_reply(reply_fd, nonce).get("go"):
+                continue
             if not plan:  # every case already ran in an earlier child
                 channel.send("exercise-done", exercise=exercise_id, changed=[])
                 continue

@@ -93,10 +93,62 @@ class Collected:
     skip: dict[str, list[list[int]]] = field(default_factory=dict)  # notebook -> [cell, line]
     skip_notes: dict[str, list[str]] = field(default_factory=dict)  # why they were skipped
     phases: Phases = field(default_factory=Phases)  # where the time went
+    helpers: int = 0  # children started to share out a notebook's exercises (see Shares)
 
     def progress(self, exercises: list) -> int:
         """Return how many cases of `exercises` have an outcome, plus those found tampering."""
         return sum(len(self.outcomes.get(ex.id, {})) + (ex.id in self.changed) for ex in exercises)
+
+    def finished(self, exercise: str) -> bool:
+        """Return True once an exercise has ended: all its cases run, or stopped."""
+        return exercise in self.changed or exercise in self.stopped
+
+
+class Shares:
+    """Which loop of children has taken each exercise of one notebook.
+
+    A notebook's exercises run one after another in a loop of children (`run_notebook`):
+    each child takes (claims) an exercise before it runs it. Once every notebook has
+    started, a core left free (its notebook done, or the others waiting on deadlocked ranks)
+    goes to a helper: another loop on the same notebook, which takes the last exercise nobody
+    has taken and works back from there, while the first loop works forward. Each exercise
+    runs in the loop that took it first, and in that loop only (restarted there after a
+    crash, as without helpers)."""
+
+    def __init__(self, exercises: list) -> None:
+        self.exercises = exercises  # in the notebook's order
+        self.owner: dict[str, object] = {}  # exercise id -> the loop that took it
+        self.lock = threading.Lock()
+
+    def take(self, exercise: str, loop: object) -> bool:
+        """Give `exercise` to `loop` unless another loop has it; return True if it is loop's."""
+        with self.lock:
+            return self.owner.setdefault(exercise, loop) is loop
+
+    def mine(self, loop: object, collected: Collected) -> list:
+        """Return the exercises not yet finished that are the loop's or nobody's, in order."""
+        with self.lock:
+            return [
+                ex
+                for ex in self.exercises
+                if not collected.finished(ex.id) and self.owner.get(ex.id, loop) is loop
+            ]
+
+    def untaken(self, collected: Collected) -> list:
+        """Return the exercises not yet finished that no loop has taken, in order; none before
+        the first loop has taken one (it has not started: a helper would only race it)."""
+        with self.lock:
+            return [
+                ex
+                for ex in self.exercises
+                if self.owner and not collected.finished(ex.id) and ex.id not in self.owner
+            ]
+
+    def helper(self, collected: Collected) -> object | None:
+        """Return a new loop that has taken the last untaken exercise, or None if none is."""
+        loop = object()
+        free = self.untaken(collected)
+        return loop if free and self.take(free[-1].id, loop) else None
 
 
 # ---- where a child was when it stopped ---------------------------------------------------
@@ -407,8 +459,10 @@ def run_child(
     threads: int,
     scratch: Path,
     collected: Collected,
+    claim: Callable[[str], bool] = lambda exercise: True,
 ) -> Stop:
-    """Run one child on `plans`, adding what it reports to `collected`; return how it ended."""
+    """Run one child on `plans`, adding what it reports to `collected`; return how it ended.
+    `claim(exercise)` says whether the child may run an exercise (no other child has it)."""
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
     reply_read, reply_write = os.pipe()
@@ -454,7 +508,7 @@ def run_child(
             data = os.read(read_fd, 1 << 20) if ready else b""
             now = time.monotonic()
             for frame in reader.feed(data):
-                follow(frame, watch, now, collected, plans, reply_write, nonce)
+                follow(frame, watch, now, collected, plans, reply_write, nonce, claim)
             if reader.broken:
                 reason = reader.broken
                 break
@@ -505,8 +559,10 @@ def follow(
     plans: dict,
     reply_fd: int,
     nonce: str,
+    claim: Callable[[str], bool] = lambda exercise: True,
 ) -> None:
-    """Take one frame of the child's report into `watch` and `collected`."""
+    """Take one frame of the child's report into `watch` and `collected`, and answer the
+    frames that ask (`claim`, `held`)."""
     kind = frame["kind"]
     if not watch.reported:
         watch.reported = True
@@ -530,6 +586,9 @@ def follow(
     elif kind == "loaded":
         watch.loading, watch.statement = "", None
         collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
+    elif kind == "claim":
+        exercise = str(frame.get("exercise"))
+        send_reply(reply_fd, nonce, go=exercise in plans and claim(exercise))
     elif kind == "held":
         asked = [str(n) for n in frame.get("names", [])]
         cells = None
@@ -581,41 +640,70 @@ def run_isolated(
 ) -> Collected:
     """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
     (each in a scratch folder of its own), and one more while the cores sit idle (see
-    SpareCores); a child that stops early is followed by another."""
+    SpareCores); a child that stops early is followed by another. Once every notebook has
+    started, a core left free goes to a helper (see `Shares`)."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
     # A notebook whose cases start process groups takes longest: it starts first, and the
     # others share the cores left beside it.
     notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
+    shares = {nb: Shares([ex for ex in todo if ex.notebook == nb]) for nb in notebooks}
 
-    def run(notebook: str) -> None:
-        mine = [ex for ex in todo if ex.notebook == notebook]
-        run_notebook(sub, mine, checks, seed, limits, threads, collected)
+    def run(item: tuple[str, object | None]) -> None:
+        notebook, helper = item
+        run_notebook(sub, shares[notebook], checks, seed, limits, threads, collected, helper)
+
+    def can_help() -> bool:
+        return any(shares[nb].untaken(collected) for nb in notebooks)
+
+    def helper() -> tuple[str, object] | None:
+        for nb in sorted(notebooks, key=lambda nb: -len(shares[nb].untaken(collected))):
+            loop = shares[nb].helper(collected)
+            if loop is not None:
+                collected.helpers += 1
+                return nb, loop
+        return None
 
     # More start while the cores sit idle: a notebook whose ranks deadlocked waits for the
     # verdict, computing nothing, and the notebooks after it need not wait with it.
-    for done, _ in side_by_side_while_idle(run, notebooks, side_by_side, len(notebooks)):
+    items = [(nb, None) for nb in notebooks]
+    extra = (can_help, helper)
+    for done, _ in side_by_side_while_idle(run, items, side_by_side, 2 * len(notebooks), extra):
         done.result()
     return collected
 
 
 def side_by_side_while_idle(
-    fn: Callable[[Any], Any], items: list, least: int, most: int
+    fn: Callable[[Any], Any],
+    items: list,
+    least: int,
+    most: int,
+    extra: tuple[Callable[[], bool], Callable[[], Any]] | None = None,
 ) -> Iterator[tuple[Future, int]]:
     """Run `fn(item)` for each item in threads of their own, in order: `least` at a time,
-    and one more while the cores sit idle (see SpareCores), up to `most`. Yield each call's
-    future as it finishes, with how many are still running. Closing the iterator (Ctrl-C)
-    starts no more and does not wait for those running: the caller stops their children."""
+    and one more while the cores sit idle (see SpareCores), up to `most`. Once every item
+    has started, `extra = (wanted, make)` asks for more: while `wanted()` and there is room
+    as above, `make()` returns one more item (or None). Yield each call's future as it
+    finishes, with how many are still running. Closing the iterator (Ctrl-C) starts no more
+    and does not wait for those running: the caller stops their children."""
     least, most = max(1, least), max(1, least, most)
     spare = spare_cores()
     pool = ThreadPoolExecutor(most)
     waiting, running = deque(items), set()
+
+    def room() -> bool:
+        return len(running) < least or (len(running) < most and spare.idle())
+
     try:
         while waiting or running:
-            while waiting and (len(running) < least or (len(running) < most and spare.idle())):
+            while waiting and room():
                 running.add(pool.submit(fn, waiting.popleft()))
-            timeout = LOOK_SECONDS if waiting else None
+            if not waiting and running and extra is not None and extra[0]() and room():
+                item = extra[1]()
+                if item is not None:
+                    running.add(pool.submit(fn, item))
+            timeout = LOOK_SECONDS if waiting or extra is not None else None
             finished, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
             for done in finished:
                 yield done, len(running)
@@ -678,18 +766,23 @@ def spare_cores() -> SpareCores:
 
 def run_notebook(
     sub: Submission,
-    todo: list,
+    shares: Shares,
     checks: dict[str, list],
     seed: int,
     limits: Limits,
     threads: int,
     collected: Collected,
+    helper: object | None = None,
 ) -> None:
-    """Run the cases of `todo`, exercises of one notebook, in fenced children, restarting
-    after a child stops early. One child per notebook: each notebook's exercises start from
-    a process that has run no other notebook's code (whose autograd threads, for one, would
-    stop the distributed exercises from forking their ranks)."""
+    """Run the cases of a notebook's exercises (`shares.exercises`) in fenced children,
+    restarting after a child stops early. One child at a time per loop: each notebook's
+    exercises start from a process that has run no other notebook's code (whose autograd
+    threads, for one, would stop the distributed exercises from forking their ranks).
+    A `helper` (a loop made by `Shares.helper`) runs from the last exercise back; without
+    one, this is the notebook's first loop, which runs them in order."""
+    loop = helper if helper is not None else object()
     base = Context(seed)
+    todo = shares.mine(loop, collected)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         scratch = Path(tmp)
         (scratch / "submission").mkdir()
@@ -698,16 +791,20 @@ def run_notebook(
         scratch.chmod(0o700)
         (scratch / "tmp").mkdir()
         while todo:
+            order = todo[::-1] if helper is not None else todo
             plans = {
                 ex.id: [
                     (c.name, c, c.arguments(base.for_case(c.name)))
                     for c in unique_cases(checks[ex.id])
                     if c.name not in collected.outcomes.get(ex.id, {})
                 ]
-                for ex in todo
+                for ex in order
             }
             before = collected.progress(todo)
-            stop = run_child(sub, plans, seed, limits, threads, scratch, collected)
+            stop = run_child(
+                sub, plans, seed, limits, threads, scratch, collected,
+                claim=lambda exercise: shares.take(exercise, loop),
+            )  # fmt: skip
             match stop.on:
                 case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
                     collected.skip.setdefault(notebook, []).append([cell, line])
@@ -715,22 +812,24 @@ def run_notebook(
                         f"code cell {cell}, line {line}: skipped, because {stop.reason} "
                         "while running it"
                     )
-                case OnNotebook(notebook):  # every exercise of `todo` is in it
-                    for ex in todo:
-                        collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
+                case OnNotebook(notebook):  # every exercise left to this loop is in it
+                    for ex in shares.mine(loop, collected):
+                        if helper is None or shares.owner.get(ex.id) is loop:
+                            collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
+                    if helper is not None:
+                        return  # a helper is extra: the first loop runs what it left
                 case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
                     collected.outcomes.setdefault(exercise, {})[case] = {"stopped": stop.reason}
                 case OnExercise(exercise):
                     collected.stopped[exercise] = stop.reason
                 case None if stop.reason:
-                    first = next(ex.id for ex in todo if ex.id not in collected.changed)
-                    collected.stopped[first] = stop.reason
+                    left = [ex for ex in order if ex in shares.mine(loop, collected)]
+                    if left:
+                        collected.stopped[left[0].id] = stop.reason
             progress = collected.progress(todo)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
-                stuck = next(ex for ex in todo if ex.id not in collected.changed)
-                collected.stopped[stuck.id] = "the grading process ended without a report"
-            todo = [
-                ex
-                for ex in todo
-                if ex.id not in collected.changed and ex.id not in collected.stopped
-            ]
+                # Nothing ran, and it ended well: stuck, unless other loops took the rest.
+                left = [ex for ex in order if ex in shares.mine(loop, collected)]
+                if left:
+                    collected.stopped[left[0].id] = "the grading process ended without a report"
+            todo = shares.mine(loop, collected)
