@@ -81,12 +81,12 @@ class IdleCores:
         return True
 
 
-def test_a_helper_child_takes_exercises_from_the_far_end_and_the_verdicts_stay_the_same(
+def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_same(
     tmp_path, monkeypatch
 ):
-    """While a child waits (here in time.sleep), idle cores run the notebook's last exercises
-    in a helper, back from the end; a crash there is restarted there. Every verdict is the one
-    a single child gives."""
+    """While a child waits (here in time.sleep), idle cores run the notebook's last cases in a
+    helper, back from the end; a crash there is restarted there. Every verdict is the one a
+    single child gives."""
     import grader.grading
     import grader.sandbox.supervisor as supervisor
 
@@ -128,27 +128,29 @@ def test_a_helper_child_takes_exercises_from_the_far_end_and_the_verdicts_stay_t
     monkeypatch.setattr(grader.grading, "run_isolated", counting)
     monkeypatch.setattr(supervisor, "spare_cores", IdleCores)
     shared = verdicts(grade_path(folder, exercises, side_by_side=1))
-    assert helpers[0] == 0 and helpers[1] >= 1  # the helper took train_batch, then split_batch
+    assert helpers[0] == 0 and helpers[1] >= 1
     assert shared == alone
     crashed = [m for name, (_, _, m) in shared.items() if name.startswith("split_batch")]
     assert any("exited with code 3" in m for m in crashed)
     assert all(p for name, (p, _, _) in shared.items() if name.startswith(("allreduce", "train")))
 
 
-def test_shares_give_each_exercise_to_the_loop_that_takes_it_first():
+def test_shares_give_each_case_to_the_loop_that_takes_it_first():
     from grader.sandbox.supervisor import Collected, Shares
 
-    exercises = [MANIFEST.exercise(e) for e in ("try_gpu", "allreduce", "split_batch")]
-    shares, collected, first = Shares(exercises), Collected(), object()
-    assert shares.untaken(collected) == []  # nothing to help with before the first loop starts
-    assert shares.helper(collected) is None
-    assert shares.take("try_gpu", first)
-    helper = shares.helper(collected)  # takes the last exercise nobody has taken
-    assert helper is not None and shares.owner["split_batch"] is helper
-    assert not shares.take("split_batch", first) and shares.take("allreduce", helper)
-    assert [ex.id for ex in shares.mine(first, collected)] == ["try_gpu"]
-    collected.changed["try_gpu"] = []  # finished
-    assert shares.mine(first, collected) == [] and shares.helper(collected) is None
+    cases = {"allreduce": ["book_demo", "random"], "split_batch": ["book_demo", "uneven"]}
+    shares, collected, first = Shares(cases), Collected(), object()
+    assert shares.helper(collected) is None  # nothing to help with before the first loop starts
+    assert shares.take("allreduce", "book_demo", first)
+    helper = shares.helper(collected)  # takes the last case nobody has taken
+    assert helper is not None and shares.owner["split_batch", "uneven"] is helper
+    assert not shares.take("split_batch", "uneven", first)
+    assert shares.take("split_batch", "book_demo", helper)
+    assert shares.open(first, collected) == {"allreduce": ["book_demo", "random"]}
+    assert shares.open(None, collected) == {"allreduce": ["random"]}  # nobody's yet
+    collected.outcomes["allreduce"] = {"book_demo": {}, "random": {}}
+    assert shares.open(first, collected) == {} and shares.helper(collected) is None
+    assert shares.open(helper, collected) == {"split_batch": ["book_demo", "uneven"]}
 
 
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):

@@ -4,9 +4,10 @@ Started by the fork server (grader.sandbox.forkserver) or as `python -m grader.s
 REQUEST`, inside the fence (grader.sandbox.fence). It reads the request (then deletes it),
 arms the audit hook, and only then touches the student's code.
 It reports on a pipe, one frame at a time, so that the grader knows what was running if the
-child dies: `claim`, `exercise-start`, `loading`, `loaded`, `case-start`, `case`,
-`exercise-done`. Before each exercise it claims it, and runs it only if the grader says go:
-while cores sit idle, another child may be running the notebook's exercises from the far end.
+child dies: `exercise-start`, `loading`, `loaded`, `claim`, `case-start`, `case`,
+`exercise-done`. It claims each case just before it runs it, and runs it only if the grader
+says go: while cores sit idle, another child may be running the notebook's cases from the far
+end.
 It never judges: the grader's own process does that from these frames.
 
 An exercise whose cases hold names right (see grader.load.reference) asks for them with a `held`
@@ -17,6 +18,7 @@ before the exercises it holds have been judged.
 
 import builtins
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -49,6 +51,12 @@ def held_namespace(channel: Channel, reply_fd: int, nonce: str, exercise: str, n
     return load_cells(
         [str(c) for c in cells], Path("reference"), module_name="held", label="reference cell"
     ).namespace
+
+
+def claimed(channel: Channel, reply_fd: int, nonce: str, exercise: str, case: str) -> bool:
+    """Ask the grader whether this child may run a case (no other child has taken it)."""
+    channel.send("claim", exercise=exercise, case=case)
+    return bool(read_reply(reply_fd, nonce).get("go"))
 
 
 def resolve_case(origin: list[str]) -> Case:
@@ -200,14 +208,15 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     with contextlib.ExitStack() as pools:
         for exercise_id, plan in plans.items():
             ex = manifest.exercise(exercise_id)
-            # Another child of the notebook may have taken it meanwhile (grader.sandbox.supervisor
-            # shares a notebook's exercises out between children while cores sit idle).
-            channel.send("claim", exercise=exercise_id)
-            if not read_reply(reply_fd, nonce).get("go"):
-                continue
             if not plan:  # every case already ran in an earlier child
                 channel.send("exercise-done", exercise=exercise_id, changed=[])
                 continue
+            # Each case is claimed just before it runs: while cores sit idle, another child may
+            # be running the notebook's cases from the far end (grader.sandbox.supervisor).
+            mine = (c for c in plan if claimed(channel, reply_fd, nonce, exercise_id, c[0]))
+            first = next(mine, None)
+            if first is None:
+                continue  # another child has taken them all
             channel.send("exercise-start", exercise=exercise_id)
             if ex.notebook not in loaded:
                 loaded[ex.notebook] = load(ex.notebook, request, channel, limit)
@@ -229,7 +238,7 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
             # Ranks forked while a reference is here serve only the exercise that holds it.
             fresh = held is not None
             with rank_pools(namespace, ex.notebook) if fresh else contextlib.nullcontext():
-                for name, found, args in plan:
+                for name, found, args in itertools.chain([first], mine):
                     channel.send("case-start", exercise=exercise_id, case=name)
                     outcome = run_case(found.using(name), student, ctx, args, limit, held)
                     channel.send("case", exercise=exercise_id, case=name, outcome=outcome)

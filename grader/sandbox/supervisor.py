@@ -99,56 +99,56 @@ class Collected:
         """Return how many cases of `exercises` have an outcome, plus those found tampering."""
         return sum(len(self.outcomes.get(ex.id, {})) + (ex.id in self.changed) for ex in exercises)
 
-    def finished(self, exercise: str) -> bool:
-        """Return True once an exercise has ended: all its cases run, or stopped."""
-        return exercise in self.changed or exercise in self.stopped
-
 
 class Shares:
-    """Which loop of children has taken each exercise of one notebook.
+    """Which loop of children has taken each case of one notebook's exercises.
 
-    A notebook's exercises run one after another in a loop of children (`run_notebook`):
-    each child takes (claims) an exercise before it runs it. Once every notebook has
-    started, a core left free (its notebook done, or the others waiting on deadlocked ranks)
-    goes to a helper: another loop on the same notebook, which takes the last exercise nobody
-    has taken and works back from there, while the first loop works forward. Each exercise
-    runs in the loop that took it first, and in that loop only (restarted there after a
-    crash, as without helpers)."""
+    A notebook's cases run one after another in a loop of children (`run_notebook`): a child
+    takes (claims) each case just before it runs it. Once every notebook has started, a core
+    left free (its notebook done, or the others waiting on deadlocked ranks) goes to a helper:
+    another loop on the same notebook, which takes the last case nobody has taken and works
+    back from there, while the first loop works forward. Each case runs in the loop that took
+    it first, and in that loop only (restarted there after a crash, as without helpers)."""
 
-    def __init__(self, exercises: list) -> None:
-        self.exercises = exercises  # in the notebook's order
-        self.owner: dict[str, object] = {}  # exercise id -> the loop that took it
+    def __init__(self, cases: dict[str, list[str]]) -> None:
+        self.cases = cases  # exercise id -> its case names, both in the notebook's order
+        self.owner: dict[tuple[str, str], object] = {}  # (exercise, case) -> the loop
         self.lock = threading.Lock()
 
-    def take(self, exercise: str, loop: object) -> bool:
-        """Give `exercise` to `loop` unless another loop has it; return True if it is loop's."""
+    def take(self, exercise: str, case: str, loop: object) -> bool:
+        """Give a case to `loop` unless another loop has it; return True if it is loop's."""
         with self.lock:
-            return self.owner.setdefault(exercise, loop) is loop
+            return self.owner.setdefault((exercise, case), loop) is loop
 
-    def mine(self, loop: object, collected: Collected) -> list:
-        """Return the exercises not yet finished that are the loop's or nobody's, in order."""
+    def open(self, loop: object, collected: Collected) -> dict[str, list[str]]:
+        """Return the cases left to run that are the loop's or nobody's, by exercise (those
+        with any), in order; None as `loop`: the cases nobody has taken."""
         with self.lock:
-            return [
-                ex
-                for ex in self.exercises
-                if not collected.finished(ex.id) and self.owner.get(ex.id, loop) is loop
-            ]
-
-    def untaken(self, collected: Collected) -> list:
-        """Return the exercises not yet finished that no loop has taken, in order; none before
-        the first loop has taken one (it has not started: a helper would only race it)."""
-        with self.lock:
-            return [
-                ex
-                for ex in self.exercises
-                if self.owner and not collected.finished(ex.id) and ex.id not in self.owner
-            ]
+            found = {}
+            for exercise, names in self.cases.items():
+                if exercise in collected.stopped:
+                    continue
+                ran = collected.outcomes.get(exercise, {})
+                left = [
+                    name
+                    for name in names
+                    if name not in ran and self.owner.get((exercise, name), loop) is loop
+                ]
+                if left:
+                    found[exercise] = left
+            return found
 
     def helper(self, collected: Collected) -> object | None:
-        """Return a new loop that has taken the last untaken exercise, or None if none is."""
+        """Return a new loop that has taken the last case nobody has taken; None if there is
+        none, or the notebook's first loop has not taken a case yet (it would only race it)."""
+        if not self.owner:
+            return None
+        free = self.open(None, collected)
+        if not free:
+            return None
+        exercise = list(free)[-1]
         loop = object()
-        free = self.untaken(collected)
-        return loop if free and self.take(free[-1].id, loop) else None
+        return loop if self.take(exercise, free[exercise][-1], loop) else None
 
 
 # ---- where a child was when it stopped ---------------------------------------------------
@@ -459,10 +459,10 @@ def run_child(
     threads: int,
     scratch: Path,
     collected: Collected,
-    claim: Callable[[str], bool] = lambda exercise: True,
+    claim: Callable[[str, str], bool] = lambda exercise, case: True,
 ) -> Stop:
     """Run one child on `plans`, adding what it reports to `collected`; return how it ended.
-    `claim(exercise)` says whether the child may run an exercise (no other child has it)."""
+    `claim(exercise, case)` says whether the child may run a case (no other child has it)."""
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
     reply_read, reply_write = os.pipe()
@@ -559,7 +559,7 @@ def follow(
     plans: dict,
     reply_fd: int,
     nonce: str,
-    claim: Callable[[str], bool] = lambda exercise: True,
+    claim: Callable[[str, str], bool] = lambda exercise, case: True,
 ) -> None:
     """Take one frame of the child's report into `watch` and `collected`, and answer the
     frames that ask (`claim`, `held`)."""
@@ -587,8 +587,9 @@ def follow(
         watch.loading, watch.statement = "", None
         collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
     elif kind == "claim":
-        exercise = str(frame.get("exercise"))
-        send_reply(reply_fd, nonce, go=exercise in plans and claim(exercise))
+        exercise, case = str(frame.get("exercise")), str(frame.get("case"))
+        planned = any(name == case for name, _, _ in plans.get(exercise, []))
+        send_reply(reply_fd, nonce, go=planned and claim(exercise, case))
     elif kind == "held":
         asked = [str(n) for n in frame.get("names", [])]
         cells = None
@@ -601,8 +602,9 @@ def follow(
     elif kind == "case":
         watch.case = ""
         collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame["outcome"]
-    elif kind == "exercise-done":
-        collected.changed[frame["exercise"]] = list(frame.get("changed", []))
+    elif kind == "exercise-done":  # (children that shared the exercise report in turn)
+        changed = collected.changed.get(frame["exercise"], [])
+        collected.changed[frame["exercise"]] = sorted({*changed, *frame.get("changed", [])})
         if frame.get("unloadable"):
             collected.stopped[frame["exercise"]] = str(frame["unloadable"])
         watch.exercise = ""
@@ -648,17 +650,29 @@ def run_isolated(
     # A notebook whose cases start process groups takes longest: it starts first, and the
     # others share the cores left beside it.
     notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
-    shares = {nb: Shares([ex for ex in todo if ex.notebook == nb]) for nb in notebooks}
+    shares = {
+        nb: Shares(
+            {
+                ex.id: [c.name for c in unique_cases(checks[ex.id])]
+                for ex in todo
+                if ex.notebook == nb
+            }
+        )
+        for nb in notebooks
+    }
 
     def run(item: tuple[str, object | None]) -> None:
         notebook, helper = item
         run_notebook(sub, shares[notebook], checks, seed, limits, threads, collected, helper)
 
+    def untaken(notebook: str) -> int:
+        return sum(map(len, shares[notebook].open(None, collected).values()))
+
     def can_help() -> bool:
-        return any(shares[nb].untaken(collected) for nb in notebooks)
+        return any(shares[nb].owner and untaken(nb) for nb in notebooks)
 
     def helper() -> tuple[str, object] | None:
-        for nb in sorted(notebooks, key=lambda nb: -len(shares[nb].untaken(collected))):
+        for nb in sorted(notebooks, key=untaken, reverse=True):
             loop = shares[nb].helper(collected)
             if loop is not None:
                 collected.helpers += 1
@@ -774,15 +788,17 @@ def run_notebook(
     collected: Collected,
     helper: object | None = None,
 ) -> None:
-    """Run the cases of a notebook's exercises (`shares.exercises`) in fenced children,
+    """Run the cases of a notebook's exercises (`shares.cases`) in fenced children,
     restarting after a child stops early. One child at a time per loop: each notebook's
     exercises start from a process that has run no other notebook's code (whose autograd
     threads, for one, would stop the distributed exercises from forking their ranks).
-    A `helper` (a loop made by `Shares.helper`) runs from the last exercise back; without
-    one, this is the notebook's first loop, which runs them in order."""
+    A `helper` (a loop made by `Shares.helper`) runs from the last case back; without one,
+    this is the notebook's first loop, which runs them in order."""
     loop = helper if helper is not None else object()
     base = Context(seed)
-    todo = shares.mine(loop, collected)
+    cases = {(ex, c.name): c for ex in shares.cases for c in unique_cases(checks[ex])}
+    manifest = load_manifest()
+    todo = shares.open(loop, collected)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         scratch = Path(tmp)
         (scratch / "submission").mkdir()
@@ -791,19 +807,18 @@ def run_notebook(
         scratch.chmod(0o700)
         (scratch / "tmp").mkdir()
         while todo:
-            order = todo[::-1] if helper is not None else todo
+            order = list(todo.items())
+            if helper is not None:  # from the far end
+                order = [(ex, names[::-1]) for ex, names in reversed(order)]
             plans = {
-                ex.id: [
-                    (c.name, c, c.arguments(base.for_case(c.name)))
-                    for c in unique_cases(checks[ex.id])
-                    if c.name not in collected.outcomes.get(ex.id, {})
-                ]
-                for ex in order
+                ex: [(n, cases[ex, n], cases[ex, n].arguments(base.for_case(n))) for n in names]
+                for ex, names in order
             }
-            before = collected.progress(todo)
+            exercises = [manifest.exercise(ex) for ex in plans]
+            before = collected.progress(exercises)
             stop = run_child(
                 sub, plans, seed, limits, threads, scratch, collected,
-                claim=lambda exercise: shares.take(exercise, loop),
+                claim=lambda exercise, case: shares.take(exercise, case, loop),
             )  # fmt: skip
             match stop.on:
                 case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
@@ -813,23 +828,23 @@ def run_notebook(
                         "while running it"
                     )
                 case OnNotebook(notebook):  # every exercise left to this loop is in it
-                    for ex in shares.mine(loop, collected):
-                        if helper is None or shares.owner.get(ex.id) is loop:
-                            collected.stopped[ex.id] = f"while loading {notebook}, {stop.reason}"
+                    for ex, names in shares.open(loop, collected).items():
+                        if helper is None or any(shares.owner.get((ex, n)) is loop for n in names):
+                            collected.stopped[ex] = f"while loading {notebook}, {stop.reason}"
                     if helper is not None:
-                        return  # a helper is extra: the first loop runs what it left
+                        return  # a helper is extra: the first loop runs what it has not taken
                 case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
                     collected.outcomes.setdefault(exercise, {})[case] = {"stopped": stop.reason}
                 case OnExercise(exercise):
                     collected.stopped[exercise] = stop.reason
                 case None if stop.reason:
-                    left = [ex for ex in order if ex in shares.mine(loop, collected)]
+                    left = [ex for ex in plans if ex in shares.open(loop, collected)]
                     if left:
-                        collected.stopped[left[0].id] = stop.reason
-            progress = collected.progress(todo)
+                        collected.stopped[left[0]] = stop.reason
+            progress = collected.progress(exercises)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
                 # Nothing ran, and it ended well: stuck, unless other loops took the rest.
-                left = [ex for ex in order if ex in shares.mine(loop, collected)]
+                left = [ex for ex in plans if ex in shares.open(loop, collected)]
                 if left:
-                    collected.stopped[left[0].id] = "the grading process ended without a report"
-            todo = shares.mine(loop, collected)
+                    collected.stopped[left[0]] = "the grading process ended without a report"
+            todo = shares.open(loop, collected)
