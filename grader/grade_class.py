@@ -16,6 +16,7 @@
 import contextlib
 import hashlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,23 +176,38 @@ def grade_class(
         else:
             todo.append((sub, mark))
     show = progress or Progress(len(subs)).show
-    threads, side_by_side = default_threads(jobs), notebooks_at_once(jobs)
+    threads = default_threads(jobs)
+    started, ended = [0], [0]  # submissions whose grading has started, and ended
+    counting = threading.Lock()
+
+    def side_by_side() -> int:
+        """The notebooks of a submission graded at once: the cores shared among the
+        submissions graded now and those waiting, at most `jobs` (so the last ones of a
+        class get the cores the others leave)."""
+        sharing = (started[0] - ended[0]) + (len(todo) - started[0])
+        return notebooks_at_once(max(1, min(jobs, sharing)))
 
     def ordered() -> list[SubmissionResult]:
         return [results[s.id] for s in subs if s.id in results]
 
     def grade(sub: Submission, mark: str) -> SubmissionResult:
-        started = time.monotonic()
-        result = grade_submission(
-            sub,
-            seed=seed,
-            hidden=hidden,
-            limits=limits,
-            threads=threads,
-            phases=phases,
-            side_by_side=side_by_side,
-        )
-        result.seconds, result.fingerprint = time.monotonic() - started, mark
+        began = time.monotonic()
+        with counting:
+            started[0] += 1
+        try:
+            result = grade_submission(
+                sub,
+                seed=seed,
+                hidden=hidden,
+                limits=limits,
+                threads=threads,
+                phases=phases,
+                side_by_side=side_by_side,
+            )
+        finally:
+            with counting:
+                ended[0] += 1
+        result.seconds, result.fingerprint = time.monotonic() - began, mark
         return result
 
     show(len(results), 0, None)

@@ -16,6 +16,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from grader.judge.registry import exercise_checks, narrowed
@@ -83,7 +84,7 @@ def grade_submission(
     threads: int | None = None,
     phases: Phases | None = None,
     only_checks: set[str] | None = None,
-    side_by_side: int | None = None,
+    side_by_side: int | Callable[[], int] | None = None,
 ) -> SubmissionResult:
     """Grade one submission end to end and return its result (adding the time each phase
     took to `phases`, if given). `only_checks` keeps the checks of these names (and those

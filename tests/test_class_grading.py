@@ -272,3 +272,25 @@ def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, 
         results = grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
         assert [r.id for r in results] == [s.id for s in subs]
         assert most[0] == expected
+
+
+def test_the_last_submissions_of_a_class_get_the_cores_the_others_leave(monkeypatch, tmp_path):
+    """With --jobs 2, a submission grades its notebooks on its share of the cores while
+    another is graded or waits; the last one left, on all of them."""
+    import grader.grade_class as grade_class_module
+    from grader.grading import notebooks_at_once
+
+    shares: dict[str, list[int]] = {}
+
+    def grade_submission(sub, side_by_side, **options):
+        shares[sub.id] = [side_by_side()]
+        time.sleep(0.6 if sub.id == "s2" else 0.2)
+        shares[sub.id].append(side_by_side())
+        return SubmissionResult(sub.id, str(sub.path), 1.0, 1.0)
+
+    monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)
+    subs = [Submission(f"s{i}", tmp_path, {}, []) for i in range(3)]
+    grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
+    shared, alone = notebooks_at_once(2), notebooks_at_once(1)
+    assert shares["s0"] == [shared, shared] and shares["s1"][0] == shared
+    assert shares["s2"] == [shared, alone]  # s0 and s1 ended while s2 ran

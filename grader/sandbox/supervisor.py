@@ -638,10 +638,11 @@ def run_isolated(
     limits: Limits,
     threads: int,
     phases: Phases | None = None,
-    side_by_side: int = 1,
+    side_by_side: int | Callable[[], int] = 1,
 ) -> Collected:
     """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
-    (each in a scratch folder of its own), and one more while the cores sit idle (see
+    (a number, or a function that says it now), each in a scratch folder of its own, and
+    one more while the cores sit idle (see
     SpareCores); a child that stops early is followed by another. Once every notebook has
     started, a core left free goes to a helper (see `Shares`)."""
     collected = Collected(phases=phases or Phases())
@@ -691,23 +692,26 @@ def run_isolated(
 def side_by_side_while_idle(
     fn: Callable[[Any], Any],
     items: list,
-    least: int,
+    least: int | Callable[[], int],
     most: int,
     extra: tuple[Callable[[], bool], Callable[[], Any]] | None = None,
 ) -> Iterator[tuple[Future, int]]:
-    """Run `fn(item)` for each item in threads of their own, in order: `least` at a time,
-    and one more while the cores sit idle (see SpareCores), up to `most`. Once every item
+    """Run `fn(item)` for each item in threads of their own, in order: `least` at a time (a
+    number, or a function that says it now), and one more while the cores sit idle (see
+    SpareCores), up to `most`. Once every item
     has started, `extra = (wanted, make)` asks for more: while `wanted()` and there is room
     as above, `make()` returns one more item (or None). Yield each call's future as it
     finishes, with how many are still running. Closing the iterator (Ctrl-C) starts no more
     and does not wait for those running: the caller stops their children."""
-    least, most = max(1, least), max(1, least, most)
+    at_least = least if callable(least) else lambda: least
+    most = max(1, at_least(), most)
     spare = spare_cores()
     pool = ThreadPoolExecutor(most)
     waiting, running = deque(items), set()
 
     def room() -> bool:
-        return len(running) < least or (len(running) < most and spare.idle())
+        fewest = min(most, max(1, at_least()))
+        return len(running) < fewest or (len(running) < most and spare.idle())
 
     try:
         while waiting or running:
