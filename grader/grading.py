@@ -89,7 +89,7 @@ def grade_submission(
     """Grade one submission end to end and return its result (adding the time each phase
     took to `phases`, if given). `only_checks` keeps the checks of these names (and those
     they come after), and runs only their cases. `side_by_side` notebooks are graded at once
-    (by default, as many as there are cores)."""
+    (a number, or a function that says it now; by default, as many as there are cores)."""
     sub_seed = submission_seed(sub.id, seed)
     limits = limits or Limits()
     threads = threads or default_threads()

@@ -642,9 +642,9 @@ def run_isolated(
 ) -> Collected:
     """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
     (a number, or a function that says it now), each in a scratch folder of its own, and
-    one more while the cores sit idle (see
-    SpareCores); a child that stops early is followed by another. Once every notebook has
-    started, a core left free goes to a helper (see `Shares`)."""
+    one more while the cores sit idle (see SpareCores); a child that stops early is followed
+    by another. Once every notebook has started, a core left free goes to a helper (see
+    `Shares`)."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
@@ -698,11 +698,11 @@ def side_by_side_while_idle(
 ) -> Iterator[tuple[Future, int]]:
     """Run `fn(item)` for each item in threads of their own, in order: `least` at a time (a
     number, or a function that says it now), and one more while the cores sit idle (see
-    SpareCores), up to `most`. Once every item
-    has started, `extra = (wanted, make)` asks for more: while `wanted()` and there is room
-    as above, `make()` returns one more item (or None). Yield each call's future as it
-    finishes, with how many are still running. Closing the iterator (Ctrl-C) starts no more
-    and does not wait for those running: the caller stops their children."""
+    SpareCores), up to `most`. Once every item has started, `extra = (wanted, make)` asks for
+    more: while `wanted()` and there is room as above, `make()` returns one more item (or
+    None). Yield each call's future as it finishes, with how many are still running. Closing
+    the iterator (Ctrl-C) starts no more and does not wait for those running: the caller
+    stops their children."""
     at_least = least if callable(least) else lambda: least
     most = max(1, at_least(), most)
     spare = spare_cores()
