@@ -177,23 +177,20 @@ def grade_class(
             todo.append((sub, mark))
     show = progress or Progress(len(subs)).show
     threads = default_threads(jobs)
-    started, ended = [0], [0]  # submissions whose grading has started, and ended
+    ended = [0]  # submissions graded so far in this run
     counting = threading.Lock()
 
     def side_by_side() -> int:
         """The notebooks of a submission graded at once: the cores shared among the
-        submissions graded now and those waiting, at most `jobs` (so the last ones of a
-        class get the cores the others leave)."""
-        sharing = (started[0] - ended[0]) + (len(todo) - started[0])
-        return notebooks_at_once(max(1, min(jobs, sharing)))
+        submissions not yet graded (those graded now and those waiting), at most `jobs` (so
+        the last ones of a class get the cores the others leave)."""
+        return notebooks_at_once(max(1, min(jobs, len(todo) - ended[0])))
 
     def ordered() -> list[SubmissionResult]:
         return [results[s.id] for s in subs if s.id in results]
 
     def grade(sub: Submission, mark: str) -> SubmissionResult:
         began = time.monotonic()
-        with counting:
-            started[0] += 1
         try:
             result = grade_submission(
                 sub,

@@ -136,21 +136,29 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
 
 
 def test_shares_give_each_case_to_the_loop_that_takes_it_first():
+    """Cases are told apart by exercise too: both exercises here have a `book_demo`."""
+    from grader.judge.registry import exercise_checks
+    from grader.sandbox.runner import unique_cases
     from grader.sandbox.supervisor import Collected, Shares
 
-    cases = {"allreduce": ["book_demo", "random"], "split_batch": ["book_demo", "uneven"]}
-    shares, collected, first = Shares(cases), Collected(), object()
+    found = {
+        e: unique_cases(exercise_checks(MANIFEST.exercise(e), include_hidden=False))
+        for e in ("allreduce", "split_batch")
+    }
+    shares, collected, first = Shares(found), Collected(), object()
+    reduce_cases, (*split_but_last, split_last) = shares.cases.values()
     assert shares.helper(collected) is None  # nothing to help with before the first loop starts
-    assert shares.take("allreduce", "book_demo", first)
+    assert shares.take("allreduce", reduce_cases[0], first)
     helper = shares.helper(collected)  # takes the last case nobody has taken
-    assert helper is not None and shares.owner["split_batch", "uneven"] is helper
-    assert not shares.take("split_batch", "uneven", first)
-    assert shares.take("split_batch", "book_demo", helper)
-    assert shares.open(first, collected) == {"allreduce": ["book_demo", "random"]}
-    assert shares.open(None, collected) == {"allreduce": ["random"]}  # nobody's yet
-    collected.outcomes["allreduce"] = {"book_demo": {}, "random": {}}
+    assert helper is not None and shares.owner["split_batch", split_last] is helper
+    assert not shares.take("split_batch", split_last, first)
+    assert shares.take("split_batch", split_but_last[-1], helper)
+    left = {"allreduce": reduce_cases, "split_batch": split_but_last[:-1]}
+    assert shares.open(first, collected) == left
+    assert shares.untaken(collected) == {**left, "allreduce": reduce_cases[1:]}
+    collected.outcomes["allreduce"] = dict.fromkeys(reduce_cases, {})
+    collected.stopped["split_batch"] = "stopped"
     assert shares.open(first, collected) == {} and shares.helper(collected) is None
-    assert shares.open(helper, collected) == {"split_batch": ["book_demo", "uneven"]}
 
 
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
@@ -171,8 +179,8 @@ def test_huge_pages_leave_forked_children_computing_as_before():
         "import os, torch\n"
         "from grader.sandbox.forkserver import huge_pages\n"
         "x = torch.arange(6.0).reshape(2, 3)\n"
-        "steps = 1\n"
-        "while not huge_pages():\n"
+        "step, steps = huge_pages(), 1\n"
+        "while not step():\n"
         "    steps += 1\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"

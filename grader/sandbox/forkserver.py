@@ -112,48 +112,55 @@ def preload_when_idle() -> None:
 
 
 HUGE_PAGE = 2 << 20
-_collapse: list[tuple[int, int]] = []  # what huge_pages has left to ask for
-_looked: list[bool] = []
 
 
-def huge_pages(seconds: float = 0.02) -> bool:
-    """Ask Linux to back this process's larger writable anonymous regions with 2 MiB pages
-    (transparent huge pages, MADV_COLLAPSE), 8 MiB at a time for about `seconds`; return True
-    once all is asked for, False while some is left. A fork copies a page table entry per
-    page: after `import torch` some 400 MB of such memory makes each fork and exit of a child
-    or a rank cost 19 ms of processor time, and 7 ms once collapsed. Does nothing where the
-    system cannot (another OS, an older kernel, huge pages off)."""
-    import ctypes
+def huge_pages(seconds: float = 0.02) -> Callable[[], bool]:
+    """Return a step that asks Linux to back this process's larger writable anonymous
+    regions (as they are at the first step) with 2 MiB pages (transparent huge pages,
+    MADV_COLLAPSE), 8 MiB at a time for about `seconds`; each step returns True once all is
+    asked for. A fork copies a page table entry per page: after `import torch` some 400 MB of
+    such memory makes each fork and exit of a child or a rank cost 19 ms of processor time,
+    and 7 ms once collapsed. Does nothing where the system cannot (another OS, an older
+    kernel, huge pages off)."""
+    left: list[tuple[int, int]] | None = None
+    madvise = None
 
-    if not _looked:
-        _looked.append(True)
+    def regions() -> list[tuple[int, int]]:
         if not sys.platform.startswith("linux"):
-            return True
+            return []
         try:
             with open("/proc/self/maps") as f:
                 maps = [line.split() for line in f]
         except OSError:
-            return True
+            return []
+        found = []
         for fields in maps:
             if "w" not in fields[1] or (len(fields) > 5 and fields[5] != "[heap]"):
                 continue  # only the heap and unnamed private memory
             low, high = (int(x, 16) for x in fields[0].split("-"))
             low, high = -(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE
-            for start in range(low, high, 4 * HUGE_PAGE):
-                _collapse.append((start, min(high, start + 4 * HUGE_PAGE)))
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        _collapse.clear()
-        return True
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    hugepage, collapse = 14, 25  # MADV_HUGEPAGE, MADV_COLLAPSE
-    until = time.monotonic() + seconds
-    while _collapse and time.monotonic() < until:
-        low, high = _collapse.pop(0)
-        if madvise(low, high - low, hugepage) == 0:
-            madvise(low, high - low, collapse)
-    return not _collapse
+            found += [(a, min(high, a + 4 * HUGE_PAGE)) for a in range(low, high, 4 * HUGE_PAGE)]
+        return found
+
+    def step() -> bool:
+        import ctypes
+
+        nonlocal left, madvise
+        if left is None:
+            try:
+                madvise = ctypes.CDLL(None, use_errno=True).madvise
+                left = regions()
+            except (OSError, AttributeError):
+                left = []
+        hugepage, collapse = 14, 25  # MADV_HUGEPAGE, MADV_COLLAPSE
+        until = time.monotonic() + seconds
+        while left and time.monotonic() < until:
+            low, high = left.pop()
+            if madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), hugepage) == 0:
+                madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), collapse)
+        return not left
+
+    return step
 
 
 def _close_other_descriptors(keep: set[int]) -> None:
@@ -315,7 +322,7 @@ def serve_warm(
     # Done while it waits, last thing first, a step at a time (each returns whether it is
     # done): huge pages for what it has imported by then, so that later sessions fork cheaper
     # children (0.6 to 0.9 s in all, 20 ms at a time).
-    later = [huge_pages, preload_when_idle]
+    later = [huge_pages(), preload_when_idle]
     if everything:
         later.pop()()
     fence = chosen()

@@ -110,8 +110,10 @@ class Shares:
     back from there, while the first loop works forward. Each case runs in the loop that took
     it first, and in that loop only (restarted there after a crash, as without helpers)."""
 
-    def __init__(self, cases: dict[str, list[str]]) -> None:
-        self.cases = cases  # exercise id -> its case names, both in the notebook's order
+    def __init__(self, cases: dict[str, list[Case]]) -> None:
+        # exercise id -> its case names, both in the notebook's order; and each case by both
+        self.cases = {ex: [c.name for c in found] for ex, found in cases.items()}
+        self.case = {(ex, c.name): c for ex, found in cases.items() for c in found}
         self.owner: dict[tuple[str, str], object] = {}  # (exercise, case) -> the loop
         self.lock = threading.Lock()
 
@@ -138,12 +140,15 @@ class Shares:
                     found[exercise] = left
             return found
 
+    def untaken(self, collected: Collected) -> dict[str, list[str]]:
+        """Return the cases nobody has taken, as `open` does; none before the notebook's
+        first loop has taken one (a helper would only race it)."""
+        return self.open(None, collected) if self.owner else {}
+
     def helper(self, collected: Collected) -> object | None:
-        """Return a new loop that has taken the last case nobody has taken; None if there is
-        none, or the notebook's first loop has not taken a case yet (it would only race it)."""
-        if not self.owner:
-            return None
-        free = self.open(None, collected)
+        """Return a new loop that has taken the last case nobody has taken, or None if there
+        is none (see `untaken`)."""
+        free = self.untaken(collected)
         if not free:
             return None
         exercise = list(free)[-1]
@@ -652,25 +657,19 @@ def run_isolated(
     # others share the cores left beside it.
     notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
     shares = {
-        nb: Shares(
-            {
-                ex.id: [c.name for c in unique_cases(checks[ex.id])]
-                for ex in todo
-                if ex.notebook == nb
-            }
-        )
+        nb: Shares({ex.id: unique_cases(checks[ex.id]) for ex in todo if ex.notebook == nb})
         for nb in notebooks
     }
 
     def run(item: tuple[str, object | None]) -> None:
         notebook, helper = item
-        run_notebook(sub, shares[notebook], checks, seed, limits, threads, collected, helper)
+        run_notebook(sub, shares[notebook], seed, limits, threads, collected, helper)
 
     def untaken(notebook: str) -> int:
-        return sum(map(len, shares[notebook].open(None, collected).values()))
+        return sum(map(len, shares[notebook].untaken(collected).values()))
 
     def can_help() -> bool:
-        return any(shares[nb].owner and untaken(nb) for nb in notebooks)
+        return any(untaken(nb) for nb in notebooks)
 
     def helper() -> tuple[str, object] | None:
         for nb in sorted(notebooks, key=untaken, reverse=True):
@@ -785,7 +784,6 @@ def spare_cores() -> SpareCores:
 def run_notebook(
     sub: Submission,
     shares: Shares,
-    checks: dict[str, list],
     seed: int,
     limits: Limits,
     threads: int,
@@ -800,8 +798,17 @@ def run_notebook(
     this is the notebook's first loop, which runs them in order."""
     loop = helper if helper is not None else object()
     base = Context(seed)
-    cases = {(ex, c.name): c for ex in shares.cases for c in unique_cases(checks[ex])}
     manifest = load_manifest()
+
+    def planned(exercise: str, name: str) -> tuple[str, Case, dict]:
+        found = shares.case[exercise, name]
+        return name, found, found.arguments(base.for_case(name))
+
+    def first_left(plans: dict) -> str | None:
+        """Return the first exercise of `plans` with cases still left to this loop."""
+        left = shares.open(loop, collected)
+        return next((ex for ex in plans if ex in left), None)
+
     todo = shares.open(loop, collected)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         scratch = Path(tmp)
@@ -814,10 +821,7 @@ def run_notebook(
             order = list(todo.items())
             if helper is not None:  # from the far end
                 order = [(ex, names[::-1]) for ex, names in reversed(order)]
-            plans = {
-                ex: [(n, cases[ex, n], cases[ex, n].arguments(base.for_case(n))) for n in names]
-                for ex, names in order
-            }
+            plans = {ex: [planned(ex, name) for name in names] for ex, names in order}
             exercises = [manifest.exercise(ex) for ex in plans]
             before = collected.progress(exercises)
             stop = run_child(
@@ -842,13 +846,11 @@ def run_notebook(
                 case OnExercise(exercise):
                     collected.stopped[exercise] = stop.reason
                 case None if stop.reason:
-                    left = [ex for ex in plans if ex in shares.open(loop, collected)]
-                    if left:
-                        collected.stopped[left[0]] = stop.reason
+                    if (first := first_left(plans)) is not None:
+                        collected.stopped[first] = stop.reason
             progress = collected.progress(exercises)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
                 # Nothing ran, and it ended well: stuck, unless other loops took the rest.
-                left = [ex for ex in plans if ex in shares.open(loop, collected)]
-                if left:
-                    collected.stopped[left[0]] = "the grading process ended without a report"
+                if (first := first_left(plans)) is not None:
+                    collected.stopped[first] = "the grading process ended without a report"
             todo = shares.open(loop, collected)
