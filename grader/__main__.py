@@ -7,13 +7,13 @@ from grader.sandbox import forkserver
 
 if sys.argv[1:2] in (["check"], ["grade"]) and os.environ.get("GRADER_START") != "spawn":
     # The command runs in a session of the warm fork server, which has imported torch and
-    # the checks already (see grader.sandbox.forkserver), where one is allowed.
+    # the checks already (see grader.sandbox.forkserver), where one is ready.
     warm = forkserver.run_warm(sys.argv)
     if warm is not None:
         os._exit(warm)
-    # Else the fork server imports torch while this process does the same. A student's
-    # check of one exercise is quicker with the server ready sooner.
-    forkserver.start(everything=sys.argv[1] == "grade")
+    # Else it runs here: the fork server (started if need be) imports torch while this
+    # process does the same, on another core.
+    forkserver.start()
 
 from grader.cli import main  # noqa: E402
 

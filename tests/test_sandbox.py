@@ -1,12 +1,18 @@
 """Children forked from the warm fork server grade, fail and stay fenced as started ones do."""
 
+import json
+import os
+import socket
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from grader.grading import grade_path
 from grader.manifest import load_manifest
+from grader.sandbox import forkserver
+from grader.sandbox.fence import Fence
 from grader.sandbox.supervisor import Phases
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing
@@ -207,3 +213,50 @@ def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
     )
     done = subprocess.run([python(), "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_session_forks_a_plain_child_before_importing_what_a_complete_one_waits_for(tmp_path):
+    """A session forked before the server had imported everything: of two requests asked for
+    at once, it forks the one that needs no more first, imports the rest, then forks the
+    `complete` one (whose cases start process groups) with it imported."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    seen = tmp_path / "children when the rest was imported"
+
+    def rest() -> None:  # in the session: how many children it had forked by then
+        mine = [p for p in Path("/proc").iterdir() if p.name.isdigit() and p.name != "self"]
+        parents = [
+            (p / "stat").read_text().rpartition(")")[2].split()[1]
+            for p in mine
+            if (p / "stat").exists()
+        ]
+        seen.write_text(str(parents.count(str(os.getpid()))))
+
+    statuses = []
+    for complete in (True, False):  # both in the socket before the session reads either
+        request = {
+            "request": str(tmp_path / "none.pt"), "scratch": str(tmp_path), "env": {},
+            "uid": None, "fence": asdict(Fence("", False, "")), "private": [],
+            "memory_gib": 4, "complete": complete,
+        }  # fmt: skip
+        status_read, status_write = os.pipe()
+        with open(os.devnull, "wb") as null:
+            fds = [null.fileno()] * 3 + [status_write]
+            socket.send_fds(ours, [json.dumps(request).encode()], fds)
+        os.close(status_write)
+        statuses.append(status_read)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        try:
+            forkserver.serve(theirs, Fence("", False, ""), fenced=False, rest=[rest])
+        finally:
+            os._exit(0)
+    theirs.close()
+    assert json.loads(ours.recv(1 << 16))["ready"]
+    pids = [int.from_bytes(os.read(fd, 4), "big", signed=True) for fd in statuses]
+    assert all(p > 0 for p in pids)  # both were forked
+    assert seen.read_text() == "1"  # the plain one, before the rest was imported
+    ours.close()
+    os.waitpid(pid, 0)
+    for fd in statuses:
+        os.close(fd)

@@ -73,20 +73,25 @@ def test_bad_input_says_so_the_same_way_from_the_warm_server(warm_folder):
 
 
 @pytest.mark.slow
-def test_a_command_whose_grader_is_killed_stops_with_its_children(warm_folder):
+@pytest.mark.parametrize("server", ["started by the grade", "warm already"])
+def test_a_grade_whose_grader_is_killed_stops_with_its_children(warm_folder, server):
+    """The grade runs in the warm server when one answers, else in its own process (which
+    starts the server): either way its children, forked by a session of the server, stop."""
+    if server == "warm already":
+        assert quick_grade().returncode == 0
     proc = subprocess.Popen(
         [python(), "-m", "grader", "grade", str(SOLUTIONS)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    server = None
-    for _ in range(1200):  # until the grade runs: its command and its children's session
+    server = found = None
+    for _ in range(1200):  # until the grade runs: a session of the server has forked children
         found = forkserver.warm_servers(warm_folder)
-        if found and len(children(found[0])) >= 2:
+        if found and any(children(session) for session in children(found[0])):
             server = found[0]
             break
         time.sleep(0.1)
-    assert server is not None, f"the grade never ran in a warm server: {found}"
+    assert server is not None, f"the grade never had children forked by a server: {found}"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     for _ in range(1200):
@@ -128,7 +133,7 @@ def test_no_warm_server_where_others_may_enter_its_folder(tmp_path, monkeypatch)
     shared.chmod(0o755)
     monkeypatch.setenv("GRADER_WARM_DIR", str(shared))
     assert forkserver.warm_folder() is None
-    assert forkserver.connect_warm(everything=False) is None
+    assert forkserver.connect_warm() is None
     monkeypatch.setenv("GRADER_WARM_DIR", str(tmp_path / "mine"))
     assert forkserver.warm_folder() == tmp_path / "mine"
     assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
@@ -136,7 +141,7 @@ def test_no_warm_server_where_others_may_enter_its_folder(tmp_path, monkeypatch)
 
 def test_no_warm_server_when_asked_for_none(monkeypatch):
     monkeypatch.setenv("GRADER_WARM_SECONDS", "0")
-    assert forkserver.connect_warm(everything=False) is None
+    assert forkserver.connect_warm() is None
     assert forkserver.run_warm([sys.executable, "check"]) is None
 
 

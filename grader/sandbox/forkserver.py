@@ -19,10 +19,11 @@ visible, and starts each child afresh elsewhere (`GRADER_START=spawn` asks for t
 everywhere).
 
 Protocol, on a SOCK_SEQPACKET socket: the server says `ready` (with whether a probe child
-could enter the fence); each request is one JSON message with four descriptors (report pipe,
-reply pipe, log, status pipe). On the status pipe the server writes the child's pid, and its
-exit code (as `Popen.returncode`) once it has ended. When the grader closes the socket, the
-server kills its children and ends.
+could enter the fence) once it has imported what every child needs; each request is one JSON
+message with four descriptors (report pipe, reply pipe, log, status pipe), and says whether
+the child is to start with everything imported (`complete`: see `serve`). On the status
+pipe the server writes the child's pid, and its exit code (as `Popen.returncode`) once it
+has ended. When the grader closes the socket, the server kills its children and ends.
 
 The warm server (`serve_warm`) outlives the command that started it, for `GRADER_WARM_SECONDS`
 (300 by default; 0 for none) after its last grader. It listens on a Unix socket in a folder
@@ -32,14 +33,17 @@ lab's files, torch as installed, the environment), and serves only its own user.
 grader that connects it forks a session: a fork server as above, or, for `python -m grader
 check` and `grade` (`run_warm`), the command itself, run with the grader's standard streams,
 folder, environment and arguments, which then asks for a session of its own for the children.
-So a later command starts with torch, the lab and the public checks imported. It never runs a
-command where a GPU may be visible (its children would then start afresh anyway). It leaves
-when its files change, and a changed file starts another.
+So a later command starts with torch, the lab and the public checks imported. The command
+that finds no server answering starts one and runs in its own process: it imports what it
+needs on one core while the server imports on another, and asks it for the children once it
+is ready. It never runs a command where a GPU may be visible (its children would then start
+afresh anyway). It leaves when its files change, and a changed file starts another.
 """
 
 import atexit
 import contextlib
 import faulthandler
+import gc
 import hashlib
 import importlib.util
 import json
@@ -56,9 +60,10 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 from grader.sandbox.fence import (
     CHILD_UIDS,
@@ -77,9 +82,34 @@ _STATUS = struct.Struct(">i")
 # ---- the server --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def uncollected() -> Iterator[None]:
+    """Import without the cyclic garbage collector, then freeze what was imported.
+
+    Importing torch and the rest makes some 600,000 objects; the collector ran over them
+    again and again as they came, a fifth of the time the imports took (0.5 s of 2.7 s).
+    Frozen, they are never looked at again, here or in a forked child or rank: a child's
+    collections go only over what it made itself, and do not write to (and so copy) the pages
+    it shares with the server. What the imports left as garbage (a few thousand objects)
+    stays frozen too; collecting it first would cost 0.2 s."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
 def preload() -> None:
     """Import what every child needs, so that a child starts with it already there.
     (Not torchvision: 1.3 s to import, and only reading the real Fashion-MNIST needs it.)"""
+    with uncollected():
+        _preload()
+
+
+def _preload() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,8 +131,13 @@ def preload() -> None:
 
 
 def preload_when_idle() -> None:
-    """Import what only some children need, once the server is ready and has nothing to do:
-    the first children import it themselves, later ones find it here."""
+    """Import what only some children need, once the server is ready: while it has nothing
+    to do, or before it forks a child that asks for everything (see `serve`)."""
+    with uncollected():
+        _preload_when_idle()
+
+
+def _preload_when_idle() -> None:
     import matplotlib.pyplot  # (0.4 s, and it builds the font cache once)
     import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 1.2 s)
 
@@ -235,44 +270,79 @@ def probe_fence(fence: Fence) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+HOLD_SECONDS = 0.03  # how long a held request waits for others asked for at the same time
+
+
 def serve(
-    control: socket.socket, fence: Fence, everything: bool = True, fenced: bool | None = None
+    control: socket.socket,
+    fence: Fence,
+    fenced: bool | None = None,
+    rest: list[Callable[[], object]] | None = None,
 ) -> None:
-    """Answer fork requests on `control` until the grader closes it. With `everything`, it
-    imports all it may need before it is ready (a grade); without, only what every child
-    needs, and the rest while it waits (a student's check of one exercise). A session of the
-    warm server (see `serve_warm`) has imported all it will and knows whether children can
-    enter the fence (`fenced`)."""
-    later = []
+    """Answer fork requests on `control` until the grader closes it. It imports what every
+    child needs, says it is ready, then imports the rest (`preload_when_idle`) while it
+    waits: at once when a request asks for a `complete` child (one whose cases start process
+    groups: it and its ranks would otherwise import it themselves), else when it has nothing
+    to do. Requests that came with that one and ask for no more are forked first, so that
+    they run while it imports (the grader asks for a submission's notebooks at once). A
+    session of the warm server (see `serve_warm`) has imported what it has (`rest` is what
+    it has not) and knows whether children can enter the fence (`fenced`)."""
+    later = list(rest or [])
     if fenced is None:
         preload()
-        later = [] if everything else [preload_when_idle]
-        if everything:
-            preload_when_idle()
+        later = [preload_when_idle]
         fenced = probe_fence(fence)
     control.send(json.dumps({"ready": True, "fence": fenced, "chosen": asdict(fence)}).encode())
     children: dict[int, int] = {}  # pid -> status descriptor
+
+    def fork(request: dict, fds: list[int]) -> None:
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            become_child(request, fds)
+        for fd in fds[:3]:
+            os.close(fd)
+        children[pid] = fds[3]
+        _write_status(fds[3], pid)
+
+    def receive() -> tuple[dict, list[int]] | None:
+        """Read one request; None once the grader has gone, {} for a malformed one."""
+        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+        if not message:
+            return None
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            return {}, []
+        return json.loads(message), fds
+
     try:
-        while True:
+        gone = False
+        while not gone:
             ready, _, _ = select.select([control], [], [], 0.02)
             if not ready and later and not children:
                 later.pop()()
             elif ready:
-                message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
-                if not message:
-                    break  # the grader has gone
-                if len(fds) != 4:
-                    for fd in fds:
-                        os.close(fd)
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    control.close()
-                    become_child(json.loads(message), fds)
-                for fd in fds[:3]:
-                    os.close(fd)
-                children[pid] = fds[3]
-                _write_status(fds[3], pid)
+                got = receive()
+                if got is None:
+                    break
+                if got[1] and later and got[0].get("complete"):
+                    held = [got]
+                    while select.select([control], [], [], HOLD_SECONDS)[0]:
+                        more = receive()
+                        if more is None:
+                            gone = True
+                            break
+                        if more[1] and more[0].get("complete"):
+                            held.append(more)
+                        elif more[1]:
+                            fork(*more)
+                    while later:
+                        later.pop()()
+                    for request, fds in held:
+                        fork(request, fds)
+                elif got[1]:
+                    fork(*got)
             while children:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if pid == 0:
@@ -308,7 +378,6 @@ def serve_warm(
     path: str,
     chosen: Callable[[], Fence],
     idle: float,
-    everything: bool,
     started_in: dict[str, str],
 ) -> None:
     """The warm server: import once, then fork a session (`serve`, on its own connection) for
@@ -320,11 +389,10 @@ def serve_warm(
     looked = time.monotonic()
     preload()
     # Done while it waits, last thing first, a step at a time (each returns whether it is
-    # done): huge pages for what it has imported by then, so that later sessions fork cheaper
+    # done): the rest of the imports (a session forked before has them to do: see `serve`),
+    # then huge pages for what it has imported by then, so that later sessions fork cheaper
     # children (0.6 to 0.9 s in all, 20 ms at a time).
     later = [huge_pages(), preload_when_idle]
-    if everything:
-        later.pop()()
     fence = chosen()
     fenced = probe_fence(fence)
     sessions: set[int] = set()
@@ -360,7 +428,8 @@ def serve_warm(
                     if "command" in asked and len(fds) == 3:
                         run_command(connection, asked, fds)
                     else:
-                        serve(connection, fence, fenced=fenced)
+                        rest = [preload_when_idle] if preload_when_idle in later else []
+                        serve(connection, fence, fenced=fenced, rest=rest)
                 finally:
                     os._exit(0)
             connection.close()
@@ -433,16 +502,21 @@ def _end_with(connection: socket.socket) -> None:
 
 
 def run_warm(argv: list[str]) -> int | None:
-    """Run `python -m grader ARGV...` in a session of this user's warm server (started if
-    none answers) and return its exit code; None where there is to be no warm server, or a
-    GPU may be visible. The command's output goes where this process's would, and Ctrl-C
-    reaches it."""
+    """Run `python -m grader ARGV...` in a session of this user's warm server and return its
+    exit code; None where the command is to run in this process: where there is to be no
+    warm server, where a GPU may be visible, and where none answers yet. Then it is started
+    here, and while it imports, this process imports what the command needs on another core
+    and runs it, asking the server for its children once it is ready. The command's output
+    goes where this process's would, and Ctrl-C reaches it."""
     if os.environ.get("GRADER_START") != "fork" and _gpu_device_here():
         return None
-    found = connect_warm(everything=argv[1:2] == ["grade"], session=False)
-    if found is None:
+    place = warm_place()
+    if place is None:
         return None
-    connection, _ = found
+    connection = _connect(place.path)
+    if connection is None:
+        start_warm(place)
+        return None
     command = json.dumps({"command": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
     try:
         socket.send_fds(connection, [command.encode()], [0, 1, 2])
@@ -474,7 +548,7 @@ def run_warm(argv: list[str]) -> int | None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
     if sys.argv[1] == "--warm":
-        path, asked_fence, idle, everything = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+        path, asked_fence, idle = sys.argv[2], sys.argv[3], sys.argv[4]
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         own = f"{path}.{os.getpid()}"  # bound, then put in place whole
         listener.bind(own)
@@ -505,11 +579,11 @@ def main() -> None:
                 raise chosen[0]
             return chosen[0]
 
-        serve_warm(listener, path, fence, float(idle), everything == "all", environment)
+        serve_warm(listener, path, fence, float(idle), environment)
         os._exit(0)
     control = socket.socket(fileno=int(sys.argv[1]))
     fence = Fence(**json.loads(sys.argv[2]))
-    serve(control, fence, everything=sys.argv[3:4] != ["some"])
+    serve(control, fence)
     os._exit(0)  # nothing to tidy: unloading torch would only cost a second
 
 
@@ -549,7 +623,6 @@ class ForkServer:
         fence: Fence,
         env: dict[str, str],
         log: Path,
-        everything: bool = True,
         attached: socket.socket | None = None,
     ) -> None:
         self.fence = fence
@@ -572,7 +645,6 @@ class ForkServer:
                     "grader.sandbox.forkserver",
                     str(theirs.fileno()),
                     json.dumps(asdict(fence)),
-                    "all" if everything else "some",
                 ],
                 env=env,
                 cwd=tempfile.gettempdir(),
@@ -676,25 +748,24 @@ def stop() -> None:
             _shared = None
 
 
-def start(everything: bool = True) -> ForkServer:
+def start() -> ForkServer:
     """Start the shared fork server if none runs (it imports in the background) and return
     it: a session of the warm server where one is allowed (`connect_warm`), else a server of
-    this process's own. Cheap to call early: this process imports no torch for it. Without
-    `everything`, it is ready sooner and imports what only some children need while it waits."""
+    this process's own. Cheap to call early: this process imports no torch for it."""
     global _shared
     from grader.sandbox.fence import choose_fence
 
     with _shared_lock:
         if _shared is None or not _shared.alive():
-            warm = connect_warm(everything)
+            warm = connect_warm()
             if warm is not None:  # its fence is the one the server chose (see wait_ready)
                 connection, log = warm
-                _shared = ForkServer(Fence("", False, ""), {}, log, everything, connection)
+                _shared = ForkServer(Fence("", False, ""), {}, log, connection)
                 atexit.register(_shared.close)
                 return _shared
             fence = choose_fence()
             folder = Path(tempfile.mkdtemp(prefix="grader-forkserver-"))
-            _shared = ForkServer(fence, server_environment(folder), folder / "log", everything)
+            _shared = ForkServer(fence, server_environment(folder), folder / "log")
             atexit.register(shutil.rmtree, folder, True)
             atexit.register(_shared.close)
         return _shared
@@ -761,10 +832,18 @@ def warm_key(env: dict[str, str]) -> str:
     return digest.hexdigest()[:20]
 
 
-def connect_warm(everything: bool, session: bool = True) -> tuple[socket.socket, Path] | None:
-    """Return a connection to this user's warm server (started if none answers) and its log,
-    or None where there is to be none (see `warm_seconds`, `warm_folder`). With `session`,
-    the connection is a fork server's session; without, the caller says what it wants."""
+class WarmPlace(NamedTuple):
+    """Where this user's warm server for this code listens, and its log and environment."""
+
+    path: Path
+    log: Path
+    env: dict[str, str]
+    idle: float
+
+
+def warm_place() -> WarmPlace | None:
+    """Return where the warm server listens, or None where there is to be none (see
+    `warm_seconds`, `warm_folder`)."""
     idle = warm_seconds()
     folder = warm_folder() if idle > 0 else None
     if folder is None:
@@ -772,32 +851,52 @@ def connect_warm(everything: bool, session: bool = True) -> tuple[socket.socket,
     # (its matplotlib folder is outside: the children's fence masks the socket's folder)
     env = server_environment(folder.with_name(f"{folder.name}-cache"))
     key = warm_key(env)
-    path, log = folder / f"{key}.sock", folder / f"{key}.log"
+    path = folder / f"{key}.sock"
     if len(os.fsencode(path)) > 100:  # the limit of a Unix socket's path (108 bytes)
         return None
-    connection = _connect(path)
+    return WarmPlace(path, folder / f"{key}.log", env, idle)
+
+
+_started: set[Path] = set()  # the warm servers this process has started
+
+
+def start_warm(place: WarmPlace) -> None:
+    """Start the warm server at `place`, unless this process has started it already."""
+    if place.path in _started:
+        return
+    _started.add(place.path)
+    with open(place.log, "ab") as out:
+        subprocess.Popen(
+            [
+                sys.executable, "-m", "grader.sandbox.forkserver", "--warm", str(place.path),
+                os.environ.get("GRADER_FENCE", ""), f"{place.idle:g}",
+            ],
+            env=place.env, cwd=place.path.parent, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=out, start_new_session=True,
+        )  # fmt: skip
+
+
+def connect_warm(session: bool = True) -> tuple[socket.socket, Path] | None:
+    """Return a connection to this user's warm server (started if none answers) and its log,
+    or None where there is to be none (see `warm_place`). With `session`, the connection is
+    a fork server's session; without, the caller says what it wants."""
+    place = warm_place()
+    if place is None:
+        return None
+    connection = _connect(place.path)
     if connection is None:
-        with open(log, "ab") as out:
-            subprocess.Popen(
-                [
-                    sys.executable, "-m", "grader.sandbox.forkserver", "--warm", str(path),
-                    os.environ.get("GRADER_FENCE", ""), f"{idle:g}",
-                    "all" if everything else "some",
-                ],
-                env=env, cwd=folder, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                start_new_session=True,
-            )  # fmt: skip
+        start_warm(place)
         deadline = time.monotonic() + 30.0  # it listens before it imports
         while connection is None and time.monotonic() < deadline:
             time.sleep(0.01)
-            connection = _connect(path)
+            connection = _connect(place.path)
     if connection is not None and session:
         try:
             socket.send_fds(connection, [b'{"session": true}'], [])
         except OSError:
             connection.close()
             connection = None
-    return None if connection is None else (connection, log)
+    return None if connection is None else (connection, place.log)
 
 
 def warm_servers(folder: Path) -> list[int]:

@@ -405,10 +405,17 @@ def fork_server() -> forkserver.ForkServer | None:
 
 
 def start_child(
-    request: Path, scratch: Path, threads: int, limits: Limits, report_fd: int, reply_fd: int
+    request: Path,
+    scratch: Path,
+    threads: int,
+    limits: Limits,
+    report_fd: int,
+    reply_fd: int,
+    complete: bool = False,
 ) -> Child:
     """Start a fenced child on the request file `request`, from the fork server where there
-    is one, else as a new Python."""
+    is one, else as a new Python. A `complete` child (its cases start process groups) starts
+    with all the server imports (see forkserver.serve)."""
     fence = choose_fence()
     uid = next_child_uid() if fence.own_uid else None
     if uid is not None:  # the scratch folder becomes this child's alone
@@ -426,6 +433,7 @@ def start_child(
                 "fence": asdict(server.fence),
                 "private": [str(p) for p in private_paths()],
                 "memory_gib": limits.memory_gib,
+                "complete": complete,
             }
             try:
                 return server.fork(order, report_fd, reply_fd, log.fileno())
@@ -494,7 +502,8 @@ def run_child(
         request_path,
     )
     try:
-        proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read)
+        complete = any(starts_processes(load_manifest().exercise(ex)) for ex in plans)
+        proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read, complete)
     finally:
         os.close(write_fd)
         os.close(reply_read)
