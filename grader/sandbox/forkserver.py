@@ -131,19 +131,30 @@ def _preload() -> None:
 
 
 def preload_when_idle() -> None:
-    """Import what only some children need, once the server is ready: while it has nothing
-    to do, or before it forks a child that asks for everything (see `serve`)."""
-    with uncollected():
-        _preload_when_idle()
+    """Import what only some children need (all of `the_rest()` at once)."""
+    for step in reversed(the_rest()):
+        step()
 
 
-def _preload_when_idle() -> None:
-    import matplotlib.pyplot  # (0.4 s, and it builds the font cache once)
-    import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 1.2 s)
+def the_rest() -> list[Callable[[], None]]:
+    """Return the steps that import what only some children need, last first: once the
+    server is ready, it takes them one at a time while it has nothing to do (a grader that
+    comes meanwhile waits for one step, not for all), or all before it forks a child that
+    asks for everything (see `serve`)."""
 
-    # Each rank switches pyplot to Agg at each run (dplab.distributed): the first switch
-    # imports the backend (8 ms), in every rank of every grade unless it is here already.
-    matplotlib.pyplot.switch_backend("Agg")
+    def dynamo() -> None:
+        with uncollected():
+            import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 0.45 s)
+
+    def pyplot() -> None:
+        with uncollected():
+            import matplotlib.pyplot  # (0.2 s, and it builds the font cache once)
+
+            # Each rank switches pyplot to Agg at each run (dplab.distributed): the first
+            # switch imports the backend (8 ms), in every rank of every grade but for this.
+            matplotlib.pyplot.switch_backend("Agg")
+
+    return [dynamo, pyplot]
 
 
 HUGE_PAGE = 2 << 20
@@ -280,7 +291,7 @@ def serve(
     rest: list[Callable[[], object]] | None = None,
 ) -> None:
     """Answer fork requests on `control` until the grader closes it. It imports what every
-    child needs, says it is ready, then imports the rest (`preload_when_idle`) while it
+    child needs, says it is ready, then imports the rest (`the_rest`) while it
     waits: at once when a request asks for a `complete` child (one whose cases start process
     groups: it and its ranks would otherwise import it themselves), else when it has nothing
     to do. Requests that came with that one and ask for no more are forked first, so that
@@ -290,7 +301,7 @@ def serve(
     later = list(rest or [])
     if fenced is None:
         preload()
-        later = [preload_when_idle]
+        later = the_rest()
         fenced = probe_fence(fence)
     control.send(json.dumps({"ready": True, "fence": fenced, "chosen": asdict(fence)}).encode())
     children: dict[int, int] = {}  # pid -> status descriptor
@@ -392,7 +403,8 @@ def serve_warm(
     # done): the rest of the imports (a session forked before has them to do: see `serve`),
     # then huge pages for what it has imported by then, so that later sessions fork cheaper
     # children (0.6 to 0.9 s in all, 20 ms at a time).
-    later = [huge_pages(), preload_when_idle]
+    rest = the_rest()
+    later = [huge_pages(), *rest]
     fence = chosen()
     fenced = probe_fence(fence)
     sessions: set[int] = set()
@@ -428,8 +440,8 @@ def serve_warm(
                     if "command" in asked and len(fds) == 3:
                         run_command(connection, asked, fds)
                     else:
-                        rest = [preload_when_idle] if preload_when_idle in later else []
-                        serve(connection, fence, fenced=fenced, rest=rest)
+                        left = [step for step in later if step in rest]
+                        serve(connection, fence, fenced=fenced, rest=left)
                 finally:
                     os._exit(0)
             connection.close()
