@@ -7,7 +7,7 @@ from grader.sandbox import forkserver
 
 if sys.argv[1:2] in (["check"], ["grade"]) and os.environ.get("GRADER_START") != "spawn":
     # The command runs in a session of the warm fork server, which has imported torch and
-    # the checks already (see grader.sandbox.forkserver), where one is ready.
+    # the checks already (see grader.sandbox.forkserver), where one answers.
     warm = forkserver.run_warm(sys.argv)
     if warm is not None:
         os._exit(warm)

@@ -328,8 +328,7 @@ def serve(
         return json.loads(message), fds
 
     try:
-        gone = False
-        while not gone:
+        while True:
             ready, _, _ = select.select([control], [], [], 0.02)
             if not ready and later and not children:
                 later.pop()()
@@ -338,7 +337,7 @@ def serve(
                 if got is None:
                     break
                 if got[1] and later and got[0].get("complete"):
-                    held = [got]
+                    held, gone = [got], False
                     while select.select([control], [], [], HOLD_SECONDS)[0]:
                         more = receive()
                         if more is None:
@@ -348,6 +347,10 @@ def serve(
                             held.append(more)
                         elif more[1]:
                             fork(*more)
+                    if gone:  # the grader has gone: nobody waits for the held children
+                        for fd in (fd for _, fds in held for fd in fds):
+                            os.close(fd)
+                        break
                     while later:
                         later.pop()()
                     for request, fds in held:
