@@ -130,12 +130,6 @@ def _preload() -> None:
     dplab.distributed.look_up_backend_plugins()  # once for every process group of every child
 
 
-def preload_when_idle() -> None:
-    """Import what only some children need (all of `the_rest()` at once)."""
-    for step in reversed(the_rest()):
-        step()
-
-
 def the_rest() -> list[Callable[[], None]]:
     """Return the steps that import what only some children need, last first: once the
     server is ready, it takes them one at a time while it has nothing to do (a grader that
@@ -317,7 +311,8 @@ def serve(
         _write_status(fds[3], pid)
 
     def receive() -> tuple[dict, list[int]] | None:
-        """Read one request; None once the grader has gone, {} for a malformed one."""
+        """Read one request; None once the grader has gone, no descriptors for a malformed
+        one (those it came with are closed)."""
         message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
         if not message:
             return None
@@ -327,6 +322,26 @@ def serve(
             return {}, []
         return json.loads(message), fds
 
+    def fork_complete(first: tuple[dict, list[int]]) -> bool:
+        """Import the rest, then fork `first`; fork at once the requests that come with it
+        and need no more. Return False if the grader has gone meanwhile."""
+        held = [first]
+        while select.select([control], [], [], HOLD_SECONDS)[0]:
+            more = receive()
+            if more is None:  # nobody waits for the held children
+                for fd in (fd for _, fds in held for fd in fds):
+                    os.close(fd)
+                return False
+            if more[1] and more[0].get("complete"):
+                held.append(more)
+            elif more[1]:
+                fork(*more)
+        while later:
+            later.pop()()
+        for request, fds in held:
+            fork(request, fds)
+        return True
+
     try:
         while True:
             ready, _, _ = select.select([control], [], [], 0.02)
@@ -335,26 +350,10 @@ def serve(
             elif ready:
                 got = receive()
                 if got is None:
-                    break
+                    break  # the grader has gone
                 if got[1] and later and got[0].get("complete"):
-                    held, gone = [got], False
-                    while select.select([control], [], [], HOLD_SECONDS)[0]:
-                        more = receive()
-                        if more is None:
-                            gone = True
-                            break
-                        if more[1] and more[0].get("complete"):
-                            held.append(more)
-                        elif more[1]:
-                            fork(*more)
-                    if gone:  # the grader has gone: nobody waits for the held children
-                        for fd in (fd for _, fds in held for fd in fds):
-                            os.close(fd)
+                    if not fork_complete(got):
                         break
-                    while later:
-                        later.pop()()
-                    for request, fds in held:
-                        fork(request, fds)
                 elif got[1]:
                     fork(*got)
             while children:
@@ -525,13 +524,10 @@ def run_warm(argv: list[str]) -> int | None:
     goes where this process's would, and Ctrl-C reaches it."""
     if os.environ.get("GRADER_START") != "fork" and _gpu_device_here():
         return None
-    place = warm_place()
-    if place is None:
+    found = connect_warm(session=False, wait=False)
+    if found is None:
         return None
-    connection = _connect(place.path)
-    if connection is None:
-        start_warm(place)
-        return None
+    connection, _ = found
     command = json.dumps({"command": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
     try:
         socket.send_fds(connection, [command.encode()], [0, 1, 2])
@@ -891,16 +887,19 @@ def start_warm(place: WarmPlace) -> None:
         )  # fmt: skip
 
 
-def connect_warm(session: bool = True) -> tuple[socket.socket, Path] | None:
+def connect_warm(session: bool = True, wait: bool = True) -> tuple[socket.socket, Path] | None:
     """Return a connection to this user's warm server (started if none answers) and its log,
-    or None where there is to be none (see `warm_place`). With `session`, the connection is
-    a fork server's session; without, the caller says what it wants."""
+    or None where there is to be none (see `warm_place`), or, without `wait`, where it had to
+    be started. With `session`, the connection is a fork server's session; without, the
+    caller says what it wants."""
     place = warm_place()
     if place is None:
         return None
     connection = _connect(place.path)
     if connection is None:
         start_warm(place)
+        if not wait:
+            return None
         deadline = time.monotonic() + 30.0  # it listens before it imports
         while connection is None and time.monotonic() < deadline:
             time.sleep(0.01)
