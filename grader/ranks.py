@@ -12,7 +12,9 @@ needs 9 processes. So the cases of a notebook's exercises share their processes
 (`rank_pools`): each size's are forked at the first case that needs them, and every case still
 gets a new process group, the random states the case had, and processes that no case has
 failed in, stopped, or changed (a case that changes the grader's code or torch in a rank
-fails there).
+fails there). An exercise whose cases hold names right with the reference's uses them too,
+and they stop at its end (`reference_in_ranks`): no rank that has seen the reference serves
+another exercise.
 
 Nothing here solves an exercise: it starts processes, draws inputs from seeds and records.
 """
@@ -20,7 +22,7 @@ Nothing here solves an exercise: it starts processes, draws inputs from seeds an
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -174,13 +176,16 @@ def group_record(done: Launched | LaunchError) -> dict:
 
 
 class _Open(NamedTuple):
-    """A pool open now (see rank_pools), the notebook it was opened for, and what the grading
-    child watched then (see pool_key)."""
+    """A pool open now (see rank_pools), the notebook it was opened for, what the grading
+    child watched then (see pool_key), and while an exercise holds names right (see
+    reference_in_ranks), the reference's cells, what they define and the student's own
+    values of those names."""
 
     pool: RankPool
     namespace: dict
     where: str
     watched: "Snapshot"
+    holding: list[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]]
 
 
 _pools: list[_Open] = []
@@ -198,11 +203,34 @@ def rank_pools(namespace: dict, where: str) -> Iterator[RankPool]:
     from grader.sandbox.child import Snapshot, watched_objects
 
     with RankPool(still_clean=unchanged) as pool:
-        _pools.append(_Open(pool, namespace, where, Snapshot(watched_objects())))
+        _pools.append(_Open(pool, namespace, where, Snapshot(watched_objects()), []))
         try:
             yield pool
         finally:
             _pools.pop()
+
+
+_ABSENT = object()  # a held name the student's notebook does not define
+
+
+@contextlib.contextmanager
+def reference_in_ranks(cells: list[str], held: dict, names: Iterable[str]) -> Iterator[None]:
+    """While an exercise whose cases hold `names` right with the reference's runs in the open
+    pool (`held`: what the reference's `cells` define, run here): its cases use the ranks
+    already there, each of which runs the cells and, for a run whose case holds names right,
+    holds them right itself, as well as ranks forked now. At the end, every rank of the pool
+    stops, so that no rank that has seen the reference serves another exercise."""
+    if not _pools:
+        yield
+        return
+    opened = _pools[-1]
+    originals = {name: opened.namespace.get(name, _ABSENT) for name in names}
+    opened.holding.append((tuple(cells), held, originals))
+    try:
+        yield
+    finally:
+        opened.holding.pop()
+        opened.pool.close()
 
 
 def unchanged() -> Callable[[], bool]:
@@ -233,13 +261,19 @@ class Tampered(RuntimeError):
     """A run in a rank changed what the grading relies on."""
 
 
-def pool_key(student, watched: "Snapshot") -> tuple:
+def pool_key(student, watched: "Snapshot", held: dict[str, Any] | None = None) -> tuple:
     """Return what ranks forked now would start from, as far as a case can change it: the
-    student's names (a case may hold some right) and what has changed since the `watched`
-    snapshot of what the grading child watches (a case may patch it; attributes that torch
-    adds as it goes, as the child's own watch does, are left out). Ranks forked under another
-    key are not used."""
-    names = tuple((name, id(value)) for name, value in student.namespace.items())
+    student's names (a case may swap some) and what has changed since the `watched` snapshot
+    of what the grading child watches (a case may patch it; attributes that torch adds as it
+    goes, as the child's own watch does, are left out). The names `held` right with the
+    reference's count as the student's own values (given): the ranks hold them right
+    themselves. Ranks forked under another key are not used."""
+    held = held or {}
+    names = tuple(
+        (name, id(held.get(name, value)))
+        for name, value in student.namespace.items()
+        if held.get(name) is not _ABSENT
+    )
     return names, tuple(sorted(watched.changes().items()))
 
 
@@ -256,18 +290,34 @@ def _random_states() -> tuple:
     )
 
 
-def _in_pool(factory: Callable, function: str, states: tuple) -> Any:
-    """In a rank of a pool: start from the random states of the case that asked (as a rank
-    forked for it would), then run what `factory(student)` returns, for the exercise's
-    `function` in the namespace the pool was opened for."""
+def _in_pool(
+    factory: Callable,
+    function: str,
+    states: tuple,
+    cells: tuple[str, ...] = (),
+    held: tuple[str, ...] = (),
+) -> Any:
+    """In a rank of a pool: hold the `held` names right with what the reference's `cells`
+    define, start from the random states of the case that asked (as a rank forked for it
+    would), then run what `factory(student)` returns, for the exercise's `function` in the
+    namespace the pool was opened for."""
     import random
     import sys
+    from unittest import mock
 
-    torch.random.set_rng_state(states[0])
-    random.setstate(states[1])
-    if states[2] is not None and "numpy" in sys.modules:
-        sys.modules["numpy"].random.set_state(states[2])
-    return factory(Student(_pools[-1].namespace, function, _pools[-1].where))()
+    from grader.sandbox.child import run_reference_cells
+
+    namespace = _pools[-1].namespace
+    with contextlib.ExitStack() as stack:
+        if cells:
+            reference = run_reference_cells(list(cells))
+            right = {name: reference[name] for name in held if name in reference}
+            stack.enter_context(mock.patch.dict(namespace, right))
+        torch.random.set_rng_state(states[0])
+        random.setstate(states[1])
+        if states[2] is not None and "numpy" in sys.modules:
+            sys.modules["numpy"].random.set_state(states[2])
+        return factory(Student(namespace, function, _pools[-1].where))()
 
 
 def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
@@ -294,9 +344,18 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
     )
     if _pools and _pools[-1].namespace is student.namespace:  # in rank_pools, for this notebook
-        run = functools.partial(_in_pool, factory, student.function, _random_states())
-        key = pool_key(student, _pools[-1].watched)
-        launched = _pools[-1].pool.run_each([(run, n) for n in sizes], key=key, **limits)
+        opened = _pools[-1]
+        cells, values, originals = opened.holding[-1] if opened.holding else ((), {}, {})
+        held = {  # the names this case holds right now, with the student's values
+            name: original
+            for name, original in originals.items()
+            if name in values and student.namespace.get(name, _ABSENT) is values[name]
+        }
+        states = _random_states()
+        cells = cells if held else ()
+        run = functools.partial(_in_pool, factory, student.function, states, cells, tuple(held))
+        key = pool_key(student, opened.watched, held)
+        launched = opened.pool.run_each([(run, n) for n in sizes], key=key, **limits)
     else:
         launched = launch_each([(lambda: factory(student)(), n) for n in sizes], **limits)
     groups = []

@@ -250,6 +250,53 @@ def test_the_exercises_of_a_notebook_share_their_ranks():
     assert evaluate and all(evaluate)
 
 
+HOLDING = """
+import contextlib
+
+from grader.load.reference import held_sources
+from grader.ranks import reference_in_ranks
+from grader.sandbox.child import run_reference_cells
+
+
+def broken(*args, **kwargs):
+    raise RuntimeError("this evaluation is wrong")
+
+
+namespace["evaluate_accuracy_distributed"] = broken  # a mistake that train_ddp holds right
+said = {}
+with rank_pools(namespace, "distributed.ipynb") as pool:
+    for exercise_id in ("evaluate_accuracy_distributed", "train_ddp", "average_gradients"):
+        ex = manifest.exercise(exercise_id)
+        checks = public_checks(ex)
+        holds = sorted({name for c in checks for name in c.case.holds})
+        cells = held_sources("distributed.ipynb", holds) if holds else []
+        held = run_reference_cells(cells) if cells else None
+        student = Student(namespace, ex.function, "distributed.ipynb")
+        with reference_in_ranks(cells, held, holds) if cells else contextlib.nullcontext():
+            outcomes = run_checks(checks, student, ctx, held=held)
+        judged = judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
+        said[ex.id] = {"passed": [c.passed for c in judged.checks], "forks": pool.forks}
+    said["student's again"] = namespace["evaluate_accuracy_distributed"] is broken
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+def test_an_exercise_that_holds_a_name_right_uses_the_ranks_there_and_stops_them():
+    """train_ddp's case holds evaluate_accuracy_distributed right with the reference's: the
+    ranks forked for earlier exercises run the reference's cells and hold it right for the
+    run (a wrong evaluation costs train_ddp nothing), and stop when train_ddp ends, so that
+    no rank that has seen the reference runs another exercise's cases."""
+    said = in_a_pool("solutions", HOLDING)
+    assert said["evaluate_accuracy_distributed"]["forks"] == 2 + 3 + 4
+    assert not any(said["evaluate_accuracy_distributed"]["passed"])
+    assert said["train_ddp"]["passed"] and all(said["train_ddp"]["passed"])
+    assert said["train_ddp"]["forks"] == 2 + 3 + 4  # no rank forked for it
+    assert said["average_gradients"]["forks"] == 2 * (2 + 3 + 4)  # new ones after it
+    assert all(said["average_gradients"]["passed"])
+    assert said["student's again"]
+
+
 STUBS = """
 said = {}
 with rank_pools(namespace, "distributed.ipynb") as pool:

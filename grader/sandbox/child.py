@@ -13,7 +13,8 @@ It never judges: the grader's own process does that from these frames.
 An exercise whose cases hold names right (see grader.load.reference) asks for them with a `held`
 frame once it has started, and reads the reference's cells from a second pipe. The grader
 answers only for the exercise the child is on, so that no reference is in this process
-before the exercises it holds have been judged.
+before the exercises it holds have been judged. The notebook's ranks run those cells too, and
+stop when the exercise ends (grader.ranks.reference_in_ranks).
 """
 
 import builtins
@@ -30,7 +31,7 @@ import torch
 from grader.api import Case, Context, Student
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
-from grader.ranks import rank_pools
+from grader.ranks import rank_pools, reference_in_ranks
 from grader.sandbox.fence import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
@@ -42,15 +43,16 @@ def public_modules() -> set[str]:
     return {ex.checks for ex in load_manifest().exercises} | {"grader.fixtures"}
 
 
-def held_namespace(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> dict:
-    """Ask the grader for the reference cells that `names` need; return them run, or None."""
+def held_cells(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> list[str]:
+    """Ask the grader for the reference cells that `names` need (none: an empty list)."""
     channel.send("held", exercise=exercise, names=sorted(names))
-    cells = read_reply(reply_fd, nonce).get("cells")
-    if not cells:
-        return None
-    return load_cells(
-        [str(c) for c in cells], Path("reference"), module_name="held", label="reference cell"
-    ).namespace
+    return [str(c) for c in read_reply(reply_fd, nonce).get("cells") or []]
+
+
+def run_reference_cells(cells: list[str]) -> dict:
+    """Run the reference's `cells` (see held_cells); return the names they define."""
+    loaded = load_cells(cells, Path("reference"), module_name="held", label="reference cell")
+    return loaded.namespace
 
 
 def claimed(channel: Channel, reply_fd: int, nonce: str, exercise: str, case: str) -> bool:
@@ -234,10 +236,11 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
                 continue
             student = Student(namespace, ex.function, ex.notebook)
             holds = {n for _, found, _ in plan for n in found.holds}
-            held = held_namespace(channel, reply_fd, nonce, exercise_id, holds) if holds else None
-            # Ranks forked while a reference is here serve only the exercise that holds it.
-            fresh = held is not None
-            with rank_pools(namespace, ex.notebook) if fresh else contextlib.nullcontext():
+            cells = held_cells(channel, reply_fd, nonce, exercise_id, holds) if holds else []
+            held = run_reference_cells(cells) if cells else None
+            # Ranks that have seen a reference serve only the exercise that holds it.
+            in_ranks = reference_in_ranks(cells, held, holds) if held is not None else None
+            with in_ranks or contextlib.nullcontext():
                 for name, found, args in itertools.chain([first], mine):
                     channel.send("case-start", exercise=exercise_id, case=name)
                     outcome = run_case(found.using(name), student, ctx, args, limit, held)
