@@ -11,6 +11,7 @@ from grader.manifest import load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.results import render_submission
 from grader.sandbox.fence import choose_fence
+from grader.sandbox.supervisor import fork_server
 
 
 def exercise_table() -> str:
@@ -190,9 +191,10 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.gradebook:
         check_nbgrader_gradebook(args.gradebook, manifest)
     subs = expand(args.submissions, manifest)
+    server = fork_server()  # it chose the children's fence: no need to probe here too
+    fence = choose_fence() if server is None else server.fence
     print(
-        f"grading {len(subs)} submission(s), {args.jobs} at a time; "
-        f"sandbox: {choose_fence().description}",
+        f"grading {len(subs)} submission(s), {args.jobs} at a time; sandbox: {fence.description}",
         flush=True,
     )
     outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook)

@@ -416,14 +416,14 @@ def start_child(
     """Start a fenced child on the request file `request`, from the fork server where there
     is one, else as a new Python. A `complete` child (its cases start process groups) starts
     with all the server imports (see forkserver.serve)."""
-    fence = choose_fence()
+    server = fork_server()
+    fence = choose_fence() if server is None else server.fence  # (the server chose it)
     uid = next_child_uid() if fence.own_uid else None
     if uid is not None:  # the scratch folder becomes this child's alone
         for p in [scratch, *scratch.rglob("*")]:
             os.chown(p, uid, uid)
     env = child_environment(scratch, threads)
     with open(scratch / "child.log", "ab") as log:
-        server = fork_server()
         if server is not None:
             order = {
                 "request": str(request),
