@@ -12,7 +12,7 @@ import pytest
 from grader.grading import grade_path
 from grader.manifest import load_manifest
 from grader.sandbox import forkserver
-from grader.sandbox.fence import Fence
+from grader.sandbox.fence import Fence, choose_fence
 from grader.sandbox.supervisor import Phases
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing
@@ -176,6 +176,32 @@ def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
     (ex,) = grade_path(folder, ["try_gpu"]).exercises
     assert ex.score == 0
     assert "private to the grader" in " ".join(c.message for c in ex.checks)
+
+
+# try_gpu, rewritten to say where a child's temporary files go: the file system under it.
+WHERE_TMP = """def try_gpu(i=0):
+    import tempfile
+    folder = tempfile.gettempdir()
+    with tempfile.NamedTemporaryFile(dir=folder):
+        pass
+    mounts = [line.split() for line in open('/proc/self/mounts')]
+    found = [fields[2] for fields in mounts if fields[1] == folder]
+    raise RuntimeError(f'temporary files in {folder} on {found[-1] if found else "the disk"}')
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+def test_a_childs_temporary_folder_is_a_memory_file_system_of_its_own(mode, tmp_path, monkeypatch):
+    """The ranks of a distributed case write their files there: on a file system in memory,
+    seen by the child and its ranks alone, however the child starts."""
+    if not choose_fence().namespaces:
+        pytest.skip("this machine gives the children no mount namespace")
+    folder = tmp_path / "tmp" / MANIFEST.assignment
+    write_notebook(folder / "from_scratch.ipynb", *replacing("try_gpu", WHERE_TMP))
+    monkeypatch.setenv("GRADER_START", mode)
+    (ex,) = grade_path(folder, ["try_gpu"]).exercises
+    said = " ".join(c.message for c in ex.checks)
+    assert "temporary files in " in said and " on tmpfs" in said, said
 
 
 def test_huge_pages_leave_forked_children_computing_as_before():

@@ -232,7 +232,13 @@ def become_child(request: dict, fds: list[int]) -> None:
         faulthandler.enable(file=sys.stderr)
         for kind, value in child_limits(float(request["memory_gib"])).items():
             resource.setrlimit(kind, (value, value))
-        enter(Fence(**request["fence"]), request["uid"], [Path(p) for p in request["private"]])
+        enter(
+            Fence(**request["fence"]),
+            request["uid"],
+            [Path(p) for p in request["private"]],
+            Path(request["tmp"]) if request.get("tmp") else None,
+            float(request["memory_gib"]),
+        )
         scratch = request["scratch"]
         os.chdir(scratch)
         os.environ.clear()

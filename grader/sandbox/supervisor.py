@@ -432,6 +432,7 @@ def start_child(
                 "uid": uid,
                 "fence": asdict(server.fence),
                 "private": [str(p) for p in private_paths()],
+                "tmp": str(scratch / "tmp"),
                 "memory_gib": limits.memory_gib,
                 "complete": complete,
             }
@@ -441,7 +442,7 @@ def start_child(
                 pass
         proc = subprocess.Popen(
             [
-                *fence.prefix(uid),
+                *fence.prefix(uid, scratch / "tmp", limits.memory_gib),
                 sys.executable,
                 "-X",
                 "faulthandler",
