@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from grader.grade_class import Outputs, expand, grade_class
-from grader.grading import Limits, grade_path
+from grader.grading import Limits, grade_path, prefetch
 from grader.judge.registry import HiddenChecksUnavailable
 from grader.manifest import load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
@@ -191,6 +191,8 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.gradebook:
         check_nbgrader_gradebook(args.gradebook, manifest)
     subs = expand(args.submissions, manifest)
+    if subs:  # what judging needs, loaded while the fork server may still be importing
+        prefetch(subs[0], references=not args.public_only)
     server = fork_server()  # it chose the children's fence: no need to probe here too
     fence = choose_fence() if server is None else server.fence
     print(

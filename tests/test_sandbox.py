@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -287,3 +288,41 @@ def test_a_session_forks_a_plain_child_before_importing_what_a_complete_one_wait
     os.waitpid(pid, 0)
     for fd in statuses:
         os.close(fd)
+
+
+def test_a_session_waits_for_a_grader_that_asks_a_moment_after_it_is_ready(tmp_path, monkeypatch):
+    """A grader prepares its requests for a moment after the session says it is ready: the
+    session does not start importing the rest unasked meanwhile (a request that came then
+    waited for the whole step), so the plain child asked for is forked at once."""
+    monkeypatch.setattr(forkserver, "QUIET_SECONDS", 5.0)  # the moment is far shorter
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    seen = tmp_path / "when the rest was imported"
+
+    def rest() -> None:
+        seen.write_text("imported")
+
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        try:
+            forkserver.serve(theirs, Fence("", False, ""), fenced=False, rest=[rest])
+        finally:
+            os._exit(0)
+    theirs.close()
+    assert json.loads(ours.recv(1 << 16))["ready"]
+    time.sleep(0.1)  # the grader prepares its request
+    request = {
+        "request": str(tmp_path / "none.pt"), "scratch": str(tmp_path), "env": {},
+        "uid": None, "fence": asdict(Fence("", False, "")), "private": [],
+        "memory_gib": 4, "complete": False,
+    }  # fmt: skip
+    status_read, status_write = os.pipe()
+    with open(os.devnull, "wb") as null:
+        socket.send_fds(ours, [json.dumps(request).encode()], [null.fileno()] * 3 + [status_write])
+    os.close(status_write)
+    child = int.from_bytes(os.read(status_read, 4), "big", signed=True)
+    ours.close()
+    os.waitpid(pid, 0)
+    os.close(status_read)
+    assert child > 0
+    assert not seen.exists()  # nothing imported unasked before the request came

@@ -282,6 +282,10 @@ def probe_fence(fence: Fence) -> bool:
 
 
 HOLD_SECONDS = 0.03  # how long a held request waits for others asked for at the same time
+# A session imports the rest unasked only once the grader has been quiet this long: a grader
+# prepares its requests for a moment after the session says it is ready, and a request that
+# came while the session imported waited for that step (torch._dynamo, 0.45 s).
+QUIET_SECONDS = 0.25
 
 
 def serve(
@@ -348,12 +352,14 @@ def serve(
             fork(request, fds)
         return True
 
+    heard = time.monotonic()  # when the grader last asked (or was told it may)
     try:
         while True:
             ready, _, _ = select.select([control], [], [], 0.02)
-            if not ready and later and not children:
+            if not ready and later and not children and time.monotonic() - heard > QUIET_SECONDS:
                 later.pop()()
             elif ready:
+                heard = time.monotonic()
                 got = receive()
                 if got is None:
                     break  # the grader has gone
