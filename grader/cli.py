@@ -191,12 +191,14 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.gradebook:
         check_nbgrader_gradebook(args.gradebook, manifest)
     subs = expand(args.submissions, manifest)
+    terminal = sys.stdout  # (a reference's cells print into a buffer while they load)
     if subs:  # what judging needs, loaded while the fork server may still be importing
         prefetch(subs[0], references=not args.public_only)
     server = fork_server()  # it chose the children's fence: no need to probe here too
     fence = choose_fence() if server is None else server.fence
     print(
         f"grading {len(subs)} submission(s), {args.jobs} at a time; sandbox: {fence.description}",
+        file=terminal,
         flush=True,
     )
     outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook)
