@@ -10,8 +10,7 @@ from grader.judge.registry import HiddenChecksUnavailable
 from grader.manifest import load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.results import render_submission
-from grader.sandbox.fence import choose_fence
-from grader.sandbox.supervisor import fork_server
+from grader.sandbox.supervisor import children_fence, fork_server
 
 
 def exercise_table() -> str:
@@ -194,8 +193,7 @@ def run_grade(args: argparse.Namespace) -> int:
     terminal = sys.stdout  # (a reference's cells print into a buffer while they load)
     if subs:  # what judging needs, loaded while the fork server may still be importing
         prefetch(subs[0], references=not args.public_only)
-    server = fork_server()  # it chose the children's fence: no need to probe here too
-    fence = choose_fence() if server is None else server.fence
+    fence = children_fence(fork_server())
     print(
         f"grading {len(subs)} submission(s), {args.jobs} at a time; sandbox: {fence.description}",
         file=terminal,

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -243,6 +244,34 @@ def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
     assert done.stdout.strip() == "[]"
 
 
+def ask_for_child(ours: socket.socket, tmp_path: Path, complete: bool) -> int:
+    """Ask a session for a child (of a request that does not exist: it ends at once), as the
+    grader does; return the descriptor its process id, then its exit code, come on."""
+    request = {
+        "request": str(tmp_path / "none.pt"), "scratch": str(tmp_path), "env": {},
+        "uid": None, "fence": asdict(Fence("", False, "")), "private": [],
+        "memory_gib": 4, "complete": complete,
+    }  # fmt: skip
+    status_read, status_write = os.pipe()
+    with open(os.devnull, "wb") as null:
+        socket.send_fds(ours, [json.dumps(request).encode()], [null.fileno()] * 3 + [status_write])
+    os.close(status_write)
+    return status_read
+
+
+def start_session(ours: socket.socket, theirs: socket.socket, rest: Callable[[], None]) -> int:
+    """Fork a session serving on `theirs` that has `rest` still to import; return its pid."""
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        try:
+            forkserver.serve(theirs, Fence("", False, ""), fenced=False, rest=[rest])
+        finally:
+            os._exit(0)
+    theirs.close()
+    return pid
+
+
 def test_a_session_forks_a_plain_child_before_importing_what_a_complete_one_waits_for(tmp_path):
     """A session forked before the server had imported everything: of two requests asked for
     at once, it forks the one that needs no more first, imports the rest, then forks the
@@ -259,27 +288,9 @@ def test_a_session_forks_a_plain_child_before_importing_what_a_complete_one_wait
         ]
         seen.write_text(str(parents.count(str(os.getpid()))))
 
-    statuses = []
-    for complete in (True, False):  # both in the socket before the session reads either
-        request = {
-            "request": str(tmp_path / "none.pt"), "scratch": str(tmp_path), "env": {},
-            "uid": None, "fence": asdict(Fence("", False, "")), "private": [],
-            "memory_gib": 4, "complete": complete,
-        }  # fmt: skip
-        status_read, status_write = os.pipe()
-        with open(os.devnull, "wb") as null:
-            fds = [null.fileno()] * 3 + [status_write]
-            socket.send_fds(ours, [json.dumps(request).encode()], fds)
-        os.close(status_write)
-        statuses.append(status_read)
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        try:
-            forkserver.serve(theirs, Fence("", False, ""), fenced=False, rest=[rest])
-        finally:
-            os._exit(0)
-    theirs.close()
+    # both in the socket before the session reads either
+    statuses = [ask_for_child(ours, tmp_path, complete) for complete in (True, False)]
+    pid = start_session(ours, theirs, rest)
     assert json.loads(ours.recv(1 << 16))["ready"]
     pids = [int.from_bytes(os.read(fd, 4), "big", signed=True) for fd in statuses]
     assert all(p > 0 for p in pids)  # both were forked
@@ -301,25 +312,10 @@ def test_a_session_waits_for_a_grader_that_asks_a_moment_after_it_is_ready(tmp_p
     def rest() -> None:
         seen.write_text("imported")
 
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        try:
-            forkserver.serve(theirs, Fence("", False, ""), fenced=False, rest=[rest])
-        finally:
-            os._exit(0)
-    theirs.close()
+    pid = start_session(ours, theirs, rest)
     assert json.loads(ours.recv(1 << 16))["ready"]
     time.sleep(0.1)  # the grader prepares its request
-    request = {
-        "request": str(tmp_path / "none.pt"), "scratch": str(tmp_path), "env": {},
-        "uid": None, "fence": asdict(Fence("", False, "")), "private": [],
-        "memory_gib": 4, "complete": False,
-    }  # fmt: skip
-    status_read, status_write = os.pipe()
-    with open(os.devnull, "wb") as null:
-        socket.send_fds(ours, [json.dumps(request).encode()], [null.fileno()] * 3 + [status_write])
-    os.close(status_write)
+    status_read = ask_for_child(ours, tmp_path, complete=False)
     child = int.from_bytes(os.read(status_read, 4), "big", signed=True)
     ours.close()
     os.waitpid(pid, 0)

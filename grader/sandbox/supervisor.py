@@ -46,7 +46,7 @@ from grader.load.submission import Submission
 from grader.manifest import load_manifest
 from grader.ranks import starts_processes
 from grader.sandbox import forkserver
-from grader.sandbox.fence import choose_fence, limit_process, next_child_uid, private_paths
+from grader.sandbox.fence import Fence, choose_fence, limit_process, next_child_uid, private_paths
 from grader.sandbox.frames import FrameReader, send_reply
 from grader.sandbox.runner import unique_cases
 
@@ -404,6 +404,12 @@ def fork_server() -> forkserver.ForkServer | None:
     return forkserver.ready_server() if start_mode() == "fork" else None
 
 
+def children_fence(server: forkserver.ForkServer | None) -> Fence:
+    """Return the fence the children get: the one the fork server chose (no need to probe for
+    it here too), else this process's."""
+    return choose_fence() if server is None else server.fence
+
+
 def start_child(
     request: Path,
     scratch: Path,
@@ -417,7 +423,7 @@ def start_child(
     is one, else as a new Python. A `complete` child (its cases start process groups) starts
     with all the server imports (see forkserver.serve)."""
     server = fork_server()
-    fence = choose_fence() if server is None else server.fence  # (the server chose it)
+    fence = children_fence(server)
     uid = next_child_uid() if fence.own_uid else None
     if uid is not None:  # the scratch folder becomes this child's alone
         for p in [scratch, *scratch.rglob("*")]:
