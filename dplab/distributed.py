@@ -338,9 +338,9 @@ def _serve_rank(
 ) -> None:
     """Body of a rank that stays (see `RankPool`): run each order read from `commands`, each in
     a new group, mark it done, leave the group, and say so on `ready`; never returns. A rank
-    whose function raised ends; so does one that the test made by `still_clean()` finds
-    changed by the run (the test returns False: the run stands; it raises: the run fails with
-    its error)."""
+    whose function raised ends; so does one that the test made by `still_clean()` (the
+    function the pool's `still_clean` returned before the fork) finds changed by the run (the
+    test returns False: the run stands; it raises: the run fails with its error)."""
     code = 1
     try:
         clean = still_clean() if still_clean is not None else (lambda: True)
@@ -1057,8 +1057,11 @@ class RankPool:
     spends most of its time there. A pool forks each size's ranks at its first run and sends
     them every later run. Each run is still a group of its own (a new process group, in a new
     folder), and a run ends as under `launch_each`, with the same errors. Ranks that failed,
-    were stopped, or were changed by a run (`still_clean`, called in a rank after its fork,
-    returns the test that says so) are not used again: the next run forks new ones. So are
+    were stopped, or were changed by a run are not used again: the next run forks new ones
+    (`still_clean`, called here before a group's ranks are forked, returns what each of them
+    calls right after its fork, which returns the test that says so; what the test compares
+    with is read once, here, rather than in every rank, where reading it copies the pages the
+    rank shares with this process). So are
     ranks forked under another `key` (say, what the forking process held then), and ranks
     that have not left their last run's group within `ready_seconds` when the next run comes.
 
@@ -1068,7 +1071,7 @@ class RankPool:
 
     def __init__(
         self,
-        still_clean: Callable[[], Callable[[], bool]] | None = None,
+        still_clean: Callable[[], Callable[[], Callable[[], bool]]] | None = None,
         ready_seconds: float = 5.0,
     ) -> None:
         self.still_clean = still_clean
@@ -1089,6 +1092,7 @@ class RankPool:
         sys.stdout.flush()
         sys.stderr.flush()
         forked = _Ranks([], [], [], key)
+        in_rank = self.still_clean() if self.still_clean is not None else None
         try:
             for rank in range(nprocs):
                 order_read, order_write = os.pipe()
@@ -1098,7 +1102,7 @@ class RankPool:
                         warnings.simplefilter("ignore", DeprecationWarning)
                         pid = _fork_rank(
                             order_read, ready_write, rank, nprocs, backend, store_timeout,
-                            self.still_clean, serve=True,
+                            in_rank, serve=True,
                         )  # fmt: skip
                 finally:
                     os.close(order_read)

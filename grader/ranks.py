@@ -233,28 +233,36 @@ def reference_in_ranks(cells: list[str], held: dict, names: Iterable[str]) -> It
         opened.pool.close()
 
 
-def unchanged() -> Callable[[], bool]:
-    """In a rank just forked: return the test of a rank after a run. It raises when the run
-    changed what the grading relies on (the grader's modules, torch.distributed, the builtins:
-    what the grading child watches in itself), which fails the run, and returns False when the
-    run left the rank in another folder or with threads running, which then serves no more."""
-    import os
-    import threading
-
+def unchanged() -> Callable[[], Callable[[], bool]]:
+    """Before a group's ranks are forked: take a snapshot of what the grading relies on (the
+    grader's modules, torch.distributed, the builtins: what the grading child watches in
+    itself). Return what a rank calls right after its fork, which returns the test of the rank
+    after a run: it raises when the run changed any of that, which fails the run, and returns
+    False when the run left the rank in another folder or with threads running, which then
+    serves no more. (A snapshot reads every module: 20 ms in a new rank, as each read copies
+    a page the rank shares with its parent, and a grade forks some 20 ranks.)"""
     from grader.sandbox.child import Snapshot, watched_objects
 
-    before, folder, threads = Snapshot(watched_objects()), os.getcwd(), threading.active_count()
+    before = Snapshot(watched_objects())
 
-    def test() -> bool:
-        changed = before.changed()
-        if changed:
-            raise Tampered(
-                f"the code changed the grader's own code or torch ({', '.join(changed)}) in "
-                "this process, so its results cannot be trusted"
-            )
-        return os.getcwd() == folder and threading.active_count() == threads
+    def in_rank() -> Callable[[], bool]:
+        import os
+        import threading
 
-    return test
+        folder, threads = os.getcwd(), threading.active_count()
+
+        def test() -> bool:
+            changed = before.changed()
+            if changed:
+                raise Tampered(
+                    f"the code changed the grader's own code or torch ({', '.join(changed)}) "
+                    "in this process, so its results cannot be trusted"
+                )
+            return os.getcwd() == folder and threading.active_count() == threads
+
+        return test
+
+    return in_rank
 
 
 class Tampered(RuntimeError):

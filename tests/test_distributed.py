@@ -339,15 +339,18 @@ def leaves_a_mark():
 
 
 def mark_test(raising: bool):
-    def forked():
-        def test() -> bool:
-            if MARKS and raising:
-                raise RuntimeError("a run changed MARKS")
-            return not MARKS
+    def before_fork():
+        def forked():
+            def test() -> bool:
+                if MARKS and raising:
+                    raise RuntimeError("a run changed MARKS")
+                return not MARKS
 
-        return test
+            return test
 
-    return forked
+        return forked
+
+    return before_fork
 
 
 def test_a_rank_that_a_run_changed_serves_no_more_and_may_fail_the_run():
@@ -361,11 +364,14 @@ def test_a_rank_that_a_run_changed_serves_no_more_and_may_fail_the_run():
 
 
 def stalls_after_each_run():
-    def test() -> bool:
-        time.sleep(60)  # the launcher's own step after a run, stalled (a very busy machine)
-        return True
+    def forked():
+        def test() -> bool:
+            time.sleep(60)  # the launcher's own step after a run, stalled (a very busy machine)
+            return True
 
-    return test
+        return test
+
+    return forked
 
 
 def test_a_group_whose_every_rank_returned_gives_its_results_though_it_then_stalls():
