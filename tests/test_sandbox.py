@@ -169,6 +169,29 @@ def test_shares_give_each_case_to_the_loop_that_takes_it_first():
     assert shares.open(first, collected) == {} and shares.helper(collected) is None
 
 
+def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_others():
+    """train_ddp's ranks stop at its end: a helper that began with it would fork twice."""
+    from grader.judge.registry import exercise_checks
+    from grader.sandbox.runner import unique_cases
+    from grader.sandbox.supervisor import Collected, Shares, holds_in_ranks
+
+    ids = ("evaluate_accuracy_distributed", "train_ddp", "train_loop")
+    checks = {e: exercise_checks(MANIFEST.exercise(e), include_hidden=False) for e in ids}
+    held = {e for e in ids if holds_in_ranks(MANIFEST.exercise(e), checks)}
+    assert held == {"train_ddp"}  # train_loop holds names too, but starts no process group
+    found = {e: unique_cases(checks[e]) for e in ids[:2]}
+    shares, collected, first = Shares(found, frozenset(held)), Collected(), object()
+    evaluate, ddp = shares.cases.values()
+    assert shares.take("evaluate_accuracy_distributed", evaluate[0], first)
+    helper = shares.helper(collected)
+    assert (
+        helper is not None and shares.owner["evaluate_accuracy_distributed", evaluate[-1]] is helper
+    )
+    assert all(("train_ddp", name) not in shares.owner for name in ddp)
+    order = shares.backwards(shares.open(helper, collected))
+    assert order == [("evaluate_accuracy_distributed", evaluate[:0:-1]), ("train_ddp", ddp[::-1])]
+
+
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
     hidden = MANIFEST.package_folder(MANIFEST.private_packages[0]) / "try_gpu.py"
     peek = f"def try_gpu(i=0):\n    return open({str(hidden)!r}).read()"

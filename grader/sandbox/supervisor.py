@@ -108,14 +108,28 @@ class Shares:
     left free (its notebook done, or the others waiting on deadlocked ranks) goes to a helper:
     another loop on the same notebook, which takes the last case nobody has taken and works
     back from there, while the first loop works forward. Each case runs in the loop that took
-    it first, and in that loop only (restarted there after a crash, as without helpers)."""
+    it first, and in that loop only (restarted there after a crash, as without helpers).
 
-    def __init__(self, cases: dict[str, list[Case]]) -> None:
+    A helper takes the exercises in `last` after the others. Those are exercises whose cases
+    hold names right with the reference's in ranks shared by the notebook's cases: their ranks
+    stop at the exercise's end (grader.ranks.reference_in_ranks), so a helper that began with
+    one would fork its ranks twice, while a loop that ends with it forks them once."""
+
+    def __init__(self, cases: dict[str, list[Case]], last: frozenset[str] = frozenset()) -> None:
         # exercise id -> its case names, both in the notebook's order; and each case by both
         self.cases = {ex: [c.name for c in found] for ex, found in cases.items()}
         self.case = {(ex, c.name): c for ex, found in cases.items() for c in found}
+        self.last = last
         self.owner: dict[tuple[str, str], object] = {}  # (exercise, case) -> the loop
         self.lock = threading.Lock()
+
+    def backwards(self, order: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+        """Return a helper's order of the exercises and cases in `order`: from the last case
+        back, those of the exercises in `last` after the others."""
+        found = [(ex, names[::-1]) for ex, names in reversed(order.items())]
+        return [item for item in found if item[0] not in self.last] + [
+            item for item in found if item[0] in self.last
+        ]
 
     def take(self, exercise: str, case: str, loop: object) -> bool:
         """Give a case to `loop` unless another loop has it; return True if it is loop's."""
@@ -151,9 +165,9 @@ class Shares:
         free = self.untaken(collected)
         if not free:
             return None
-        exercise = list(free)[-1]
+        exercise, names = self.backwards(free)[0]
         loop = object()
-        return loop if self.take(exercise, free[exercise][-1], loop) else None
+        return loop if self.take(exercise, names[0], loop) else None
 
 
 # ---- where a child was when it stopped ---------------------------------------------------
@@ -652,6 +666,12 @@ def over_a_limit(
     return ""
 
 
+def holds_in_ranks(exercise, checks: dict[str, list]) -> bool:
+    """Return True when the exercise's cases start process groups and hold names right with
+    the reference's (see Shares)."""
+    return starts_processes(exercise) and any(c.holds for c in unique_cases(checks[exercise.id]))
+
+
 def run_isolated(
     sub: Submission,
     checks: dict[str, list],
@@ -673,7 +693,10 @@ def run_isolated(
     # others share the cores left beside it.
     notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
     shares = {
-        nb: Shares({ex.id: unique_cases(checks[ex.id]) for ex in todo if ex.notebook == nb})
+        nb: Shares(
+            {ex.id: unique_cases(checks[ex.id]) for ex in todo if ex.notebook == nb},
+            frozenset(ex.id for ex in todo if ex.notebook == nb and holds_in_ranks(ex, checks)),
+        )
         for nb in notebooks
     }
 
@@ -836,7 +859,7 @@ def run_notebook(
         while todo:
             order = list(todo.items())
             if helper is not None:  # from the far end
-                order = [(ex, names[::-1]) for ex, names in reversed(order)]
+                order = shares.backwards(todo)
             plans = {ex: [planned(ex, name) for name in names] for ex, names in order}
             exercises = [manifest.exercise(ex) for ex in plans]
             before = collected.progress(exercises)
