@@ -1,6 +1,10 @@
 """Loading a notebook as students really write them, without running their training."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +109,25 @@ def test_code_cells_only(tmp_path):
     path = write_notebook(tmp_path / "n.ipynb", "#md # Title\n\nsome `code`", "y = 2")
     assert json.loads(path.read_text())["cells"][0]["cell_type"] == "markdown"
     assert load_notebook(path).namespace["y"] == 2
+
+
+def test_the_reference_loads_pyplot_only_when_it_is_used():
+    """The grader's process loads the reference solutions to judge; it never draws, so the
+    pyplot that a reference imports runs its code (half a second) only if something uses it."""
+    probe = (
+        "import sys\n"
+        "from grader.load.reference import reference\n"
+        "plt = reference('distributed.ipynb')['plt']\n"
+        "print('matplotlib.figure' in sys.modules)\n"
+        "figure = plt.figure()\n"
+        "print('matplotlib.figure' in sys.modules, type(figure).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["False", "True Figure"]
