@@ -383,6 +383,37 @@ def test_a_group_whose_every_rank_returned_gives_its_results_though_it_then_stal
     assert {r[0] for r in after.results}.isdisjoint(r[0] for r in stalled.results)
 
 
+# In a Python that has imported what the grading children of the distributed notebook have,
+# pyplot imported as a notebook loaded by the grader imports it (to run its code when first
+# used), then ranks launched; each says whether pyplot had run its code.
+RANKS_AND_PYPLOT = """
+import sys
+from grader.sandbox.forkserver import preload, the_rest
+from grader.load.notebook import imported_when_used
+import dplab.distributed
+preload()
+for step in the_rest():
+    step()
+
+def pyplot_ran():
+    return 'matplotlib.figure' in sys.modules
+
+with imported_when_used():
+    import matplotlib.pyplot
+print(dplab.distributed.launch(pyplot_ran, nprocs=2, backend='gloo', show=False).results)
+"""
+
+
+def test_ranks_leave_a_pyplot_that_nothing_has_used_unloaded():
+    """Each run switches a loaded pyplot to files only; one that nothing has used stays as it
+    is: switching it would make every rank run its code (0.2 s each)."""
+    done = subprocess.run(
+        [python(), "-c", RANKS_AND_PYPLOT], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[False, False]"
+
+
 def test_bad_arguments_say_what_is_wrong():
     with pytest.raises(ValueError, match="nprocs must be a whole number from 1 to 16"):
         launch(book_demo, nprocs=0)

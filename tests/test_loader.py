@@ -111,23 +111,40 @@ def test_code_cells_only(tmp_path):
     assert load_notebook(path).namespace["y"] == 2
 
 
-def test_the_reference_loads_pyplot_only_when_it_is_used():
-    """The grader's process loads the reference solutions to judge; it never draws, so the
-    pyplot that a reference imports runs its code (half a second) only if something uses it."""
-    probe = (
-        "import sys\n"
-        "from grader.load.reference import reference\n"
-        "plt = reference('distributed.ipynb')['plt']\n"
-        "print('matplotlib.figure' in sys.modules)\n"
-        "figure = plt.figure()\n"
-        "print('matplotlib.figure' in sys.modules, type(figure).__name__)\n"
-    )
+# Loads a notebook (NOTEBOOK, or the reference's distributed notebook) and says whether pyplot
+# had run its code after loading, then what its `draw` made, then whether pyplot had run.
+PYPLOT_PROBE = """
+import sys
+from grader.load.notebook import load_notebook
+from grader.load.reference import reference
+if NOTEBOOK:
+    names = load_notebook(NOTEBOOK, frozenset()).namespace
+else:
+    names = dict(reference('distributed.ipynb'), draw=lambda: plt.figure())
+    plt = names['plt']
+print('matplotlib.figure' in sys.modules, type(names['draw']()).__name__,
+      'matplotlib.figure' in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("what", "after_loading"),
+    [("no drawing", "False"), ("drawing at load", "True"), ("the reference", "False")],
+)
+def test_pyplot_runs_its_code_only_once_something_draws(tmp_path, what, after_loading):
+    """Neither the checks nor the grader's process draw: the pyplot a notebook (or the
+    reference, loaded to judge) imports runs its code, half a second, only once something
+    draws, and then works as usual."""
+    cells = ["from matplotlib import pyplot as plt", "def draw():\n    return plt.figure()"]
+    if what == "drawing at load":
+        cells.append("shown = plt.plot([1, 2], [3, 4])")
+    notebook = write_notebook(tmp_path / "n.ipynb", *cells) if what != "the reference" else None
     done = subprocess.run(
-        [sys.executable, "-c", probe],
+        [sys.executable, "-c", PYPLOT_PROBE.replace("NOTEBOOK", repr(notebook and str(notebook)))],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,
         env={**os.environ, "MPLBACKEND": "Agg"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["False", "True Figure"]
+    assert done.stdout.split() == [after_loading, "Figure", "True"]

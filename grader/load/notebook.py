@@ -9,18 +9,23 @@ Loading runs the notebook's code cells top to bottom, one top-level statement at
   helper function: the launch raises LaunchSkipped and the statement ends there);
 - IPython magics (`%matplotlib inline`, `!pip ...`) are dropped;
 - `from d2l import torch as d2l` gives the lab's `dplab`, so book-style code loads
-  without the `d2l` package and every submission sees the same helpers.
+  without the `d2l` package and every submission sees the same helpers;
+- `from matplotlib import pyplot as plt` gives pyplot as a module that loads when first
+  used (`imported_when_used`): only a notebook that draws pays for importing it.
 """
 
 import ast
 import contextlib
+import importlib.abc
+import importlib.util
 import io
 import json
 import linecache
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import dplab
@@ -30,6 +35,45 @@ from grader.sandbox.runner import TimeLimit, time_limit
 # Never run while loading: the notebook's own check cells (grading runs the checks) and its
 # launches of process groups (`d2l.launch(...)`: demos and training runs, for people).
 NEVER_CALLED = frozenset({"check", "launch"})
+
+
+# What a notebook imports only to draw: where not yet imported, it loads when first used
+# (importlib's LazyLoader). matplotlib.pyplot takes 0.2 to 0.5 s to import, and neither
+# the checks nor the grader's process draw; a notebook that draws at load pays for it then.
+WHEN_USED = ("matplotlib.pyplot",)
+
+
+class _WhenUsed(importlib.abc.MetaPathFinder):
+    """Finds the modules in `names` as Python would, to be loaded when first used."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if name not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    if hasattr(spec.loader, "exec_module"):
+                        spec.loader = importlib.util.LazyLoader(spec.loader)
+                    return spec
+        return None
+
+
+@contextlib.contextmanager
+def imported_when_used(names: tuple[str, ...] = WHEN_USED) -> Iterator[None]:
+    """While the block runs, importing one of `names` (not yet imported) gives a module that
+    runs its code when first used."""
+    finder = _WhenUsed(names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 class NotebookError(Exception):
@@ -167,7 +211,7 @@ def load_cells(
     named "code cell", the student's, and no others.
     """
     install_d2l_alias()
-    with launches_skipped():
+    with launches_skipped(), imported_when_used():
         return _load_cells(
             cells, path, skip_calls, module_name, statement_seconds, skip_statements,
             before_statement, label,

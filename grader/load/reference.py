@@ -12,16 +12,9 @@ is held and the student's own functions run.
 """
 
 import ast
-import contextlib
-import importlib.abc
-import importlib.util
-import sys
 import threading
-from collections.abc import Iterator, Sequence
 from functools import cache
-from importlib.machinery import ModuleSpec
 from pathlib import Path
-from types import ModuleType
 
 from grader.authoring import cells_by_grade_id
 from grader.load.notebook import load_cells, read_cells
@@ -36,45 +29,6 @@ def available(notebook: str) -> bool:
     return (solutions_dir() / notebook).is_file()
 
 
-# Modules that a reference's set-up cells import and no judge uses: where they are not yet
-# imported, they load when first used (matplotlib.pyplot takes 0.5 s to import, and the
-# grader's own process never draws).
-WHEN_USED = ("matplotlib.pyplot",)
-
-
-class _WhenUsed(importlib.abc.MetaPathFinder):
-    """Finds the modules in `names` as Python would, to be loaded when first used."""
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
-
-    def find_spec(
-        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if name not in self.names:
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None and spec.loader is not None:
-                    if hasattr(spec.loader, "exec_module"):
-                        spec.loader = importlib.util.LazyLoader(spec.loader)
-                    return spec
-        return None
-
-
-@contextlib.contextmanager
-def imported_when_used(names: tuple[str, ...] = WHEN_USED) -> Iterator[None]:
-    """While the block runs, importing one of `names` (not yet imported) gives a module that
-    runs its code when first used."""
-    finder = _WhenUsed(names)
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
-
-
 @cache
 def _load(notebook: str) -> dict:
     path = solutions_dir() / notebook
@@ -82,14 +36,13 @@ def _load(notebook: str) -> dict:
         raise FileNotFoundError(f"the reference solution {path} is missing; hidden checks need it")
     manifest = load_manifest()
     functions = [ex.function for ex in manifest.in_notebook(notebook)]
-    with imported_when_used():
-        return load_cells(
-            held_sources(notebook, functions),
-            path,
-            manifest.training_functions,
-            module_name=f"reference_{Path(notebook).stem}",
-            label=REFERENCE_CELL,
-        ).namespace
+    return load_cells(
+        held_sources(notebook, functions),
+        path,
+        manifest.training_functions,
+        module_name=f"reference_{Path(notebook).stem}",
+        label=REFERENCE_CELL,
+    ).namespace
 
 
 def reference(notebook: str) -> dict:

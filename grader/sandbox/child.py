@@ -31,7 +31,7 @@ import torch
 from grader.api import Case, Context, Student
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
-from grader.ranks import rank_pools, reference_in_ranks
+from grader.ranks import rank_pools, reference_in_ranks, starts_processes
 from grader.sandbox.fence import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
@@ -203,6 +203,13 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
         ex: [(name, resolve_case(origin), args) for name, origin, args in cases]
         for ex, cases in request["exercises"]
     }
+    if any(starts_processes(manifest.exercise(ex)) for ex in plans):
+        # A child started afresh imports now what a forked one has from the fork server's
+        # session (forkserver.the_rest): otherwise each of its ranks would import it.
+        from grader.sandbox.forkserver import the_rest
+
+        for step in the_rest():
+            step()
     before = Snapshot(watched_objects())
     install_audit_hook(Path(request["scratch"]), [Path(p) for p in request["private"]])
     limit = float(request["check_seconds"]) or None  # processor time per thread

@@ -140,15 +140,19 @@ def the_rest() -> list[Callable[[], None]]:
         with uncollected():
             import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 0.45 s)
 
-    def pyplot() -> None:
-        with uncollected():
-            import matplotlib.pyplot  # (0.2 s, and it builds the font cache once)
+    return [dynamo]
 
-            # Each rank switches pyplot to Agg at each run (dplab.distributed): the first
-            # switch imports the backend (8 ms), in every rank of every grade but for this.
-            matplotlib.pyplot.switch_backend("Agg")
 
-    return [dynamo, pyplot]
+def pyplot() -> None:
+    """Import pyplot, for the children of later sessions: the warm server takes this step
+    while it waits. A child forked without it imports pyplot when first used, as most never
+    draw (grader.load.notebook); a session forks complete children without waiting for it."""
+    with uncollected():
+        import matplotlib.pyplot  # (0.2 s, and it builds the font cache once)
+
+        # Each rank switches pyplot to Agg at each run (dplab.distributed): the first switch
+        # imports the backend (8 ms), in every rank of every grade but for this.
+        matplotlib.pyplot.switch_backend("Agg")
 
 
 HUGE_PAGE = 2 << 20
@@ -415,10 +419,10 @@ def serve_warm(
     preload()
     # Done while it waits, last thing first, a step at a time (each returns whether it is
     # done): the rest of the imports (a session forked before has them to do: see `serve`),
-    # then huge pages for what it has imported by then, so that later sessions fork cheaper
-    # children (0.6 to 0.9 s in all, 20 ms at a time).
+    # pyplot, then huge pages for what it has imported by then, so that later sessions fork
+    # cheaper children (0.6 to 0.9 s in all, 20 ms at a time).
     rest = the_rest()
-    later = [huge_pages(), *rest]
+    later = [huge_pages(), pyplot, *rest]
     fence = chosen()
     fenced = probe_fence(fence)
     sessions: set[int] = set()
