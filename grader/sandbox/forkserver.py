@@ -1,8 +1,9 @@
 """A warm parent for grading children: Python, torch and the public grader imported once.
 
 Starting Python and importing torch takes seconds; a grade needs one child per notebook of a
-(and another after each crash). The fork server pays that once: it imports torch, dplab,
-matplotlib, the child's code and every public checks module, then forks a child per request.
+(and another after each crash). The fork server pays that once: it imports torch, dplab, the
+child's code and every public checks module (and, for the children whose cases start process
+groups, torch._dynamo and matplotlib: see `the_rest`), then forks a child per request.
 Each child is as fresh as a started one where it matters:
 
 - its own session, its own scratch folder, its own environment and working directory;
@@ -110,9 +111,6 @@ def preload() -> None:
 
 
 def _preload() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import torch  # noqa: F401
 
     # A tensor subclass's first operation imports this (0.7 s): the lab's stand-in devices.
@@ -126,7 +124,7 @@ def _preload() -> None:
 
     for ex in load_manifest().exercises:
         __import__(ex.checks)
-    dplab.data.embedded_sample()  # decoded once (0.4 s): notebooks load it, and the checks
+    dplab.data.embedded_sample()  # decoded once: notebooks load it, and the checks
     dplab.distributed.look_up_backend_plugins()  # once for every process group of every child
 
 
@@ -140,7 +138,13 @@ def the_rest() -> list[Callable[[], None]]:
         with uncollected():
             import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 0.45 s)
 
-    return [dynamo]
+    def plotting() -> None:
+        with uncollected():  # (0.2 s: a notebook that imports pyplot imports it whole)
+            import matplotlib
+
+            matplotlib.use("Agg")
+
+    return [dynamo, plotting]
 
 
 def pyplot() -> None:
