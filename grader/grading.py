@@ -54,14 +54,20 @@ def notebooks_at_once(jobs: int = 1) -> int:
 
 
 def prefetch(sub: Submission, references: bool = True) -> None:
-    """Decode, in the background, the embedded sample, which judges measure trained models on
-    (0.4 to 0.8 s, once per process), and load the reference solutions that judging `sub`
-    will need (with `references`): while the children start and run, this process has
-    nothing else to do."""
+    """Import, in the background, the checks of `sub`'s exercises (and with `references`,
+    the hidden ones), decode the embedded sample, which judges measure trained models on, and
+    load the reference solutions that judging `sub` will need (with `references`): while the
+    fork server imports, and the children start and run, this process has nothing else to
+    do."""
 
     def load() -> None:
         import dplab.data
 
+        for ex in sub.exercises:  # their modules imported while the fork server imports
+            try:
+                exercise_checks(ex, include_hidden=references)
+            except Exception:
+                pass  # grading asks again, and reports what is wrong
         try:
             dplab.data.embedded_sample()
         except Exception:
