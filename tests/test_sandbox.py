@@ -176,10 +176,12 @@ def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_oth
     from grader.sandbox.supervisor import Collected, Shares, holds_in_ranks
 
     ids = ("evaluate_accuracy_distributed", "train_ddp", "train_loop")
-    checks = {e: exercise_checks(MANIFEST.exercise(e), include_hidden=False) for e in ids}
-    held = {e for e in ids if holds_in_ranks(MANIFEST.exercise(e), checks)}
+    cases = {
+        e: unique_cases(exercise_checks(MANIFEST.exercise(e), include_hidden=False)) for e in ids
+    }
+    held = {e for e in ids if holds_in_ranks(MANIFEST.exercise(e), cases[e])}
     assert held == {"train_ddp"}  # train_loop holds names too, but starts no process group
-    found = {e: unique_cases(checks[e]) for e in ids[:2]}
+    found = {e: cases[e] for e in ids[:2]}
     shares, collected, first = Shares(found, frozenset(held)), Collected(), object()
     evaluate, ddp = shares.cases.values()
     assert shares.take("evaluate_accuracy_distributed", evaluate[0], first)

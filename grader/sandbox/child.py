@@ -203,7 +203,9 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
         ex: [(name, resolve_case(origin), args) for name, origin, args in cases]
         for ex, cases in request["exercises"]
     }
-    if any(starts_processes(manifest.exercise(ex)) for ex in plans):
+    if "torch._dynamo" not in sys.modules and any(
+        starts_processes(manifest.exercise(ex)) for ex in plans
+    ):
         # A child started afresh imports now what a forked one has from the fork server's
         # session (forkserver.the_rest): otherwise each of its ranks would import it.
         from grader.sandbox.forkserver import the_rest

@@ -127,9 +127,7 @@ class Shares:
         """Return a helper's order of the exercises and cases in `order`: from the last case
         back, those of the exercises in `last` after the others."""
         found = [(ex, names[::-1]) for ex, names in reversed(order.items())]
-        return [item for item in found if item[0] not in self.last] + [
-            item for item in found if item[0] in self.last
-        ]
+        return sorted(found, key=lambda item: item[0] in self.last)  # (a stable sort)
 
     def take(self, exercise: str, case: str, loop: object) -> bool:
         """Give a case to `loop` unless another loop has it; return True if it is loop's."""
@@ -666,10 +664,10 @@ def over_a_limit(
     return ""
 
 
-def holds_in_ranks(exercise, checks: dict[str, list]) -> bool:
-    """Return True when the exercise's cases start process groups and hold names right with
+def holds_in_ranks(exercise, cases: list[Case]) -> bool:
+    """Return True when the exercise's `cases` start process groups and hold names right with
     the reference's (see Shares)."""
-    return starts_processes(exercise) and any(c.holds for c in unique_cases(checks[exercise.id]))
+    return starts_processes(exercise) and any(c.holds for c in cases)
 
 
 def run_isolated(
@@ -692,10 +690,13 @@ def run_isolated(
     # A notebook whose cases start process groups takes longest: it starts first, and the
     # others share the cores left beside it.
     notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
+    cases = {ex.id: unique_cases(checks[ex.id]) for ex in todo}
     shares = {
         nb: Shares(
-            {ex.id: unique_cases(checks[ex.id]) for ex in todo if ex.notebook == nb},
-            frozenset(ex.id for ex in todo if ex.notebook == nb and holds_in_ranks(ex, checks)),
+            {ex.id: cases[ex.id] for ex in todo if ex.notebook == nb},
+            frozenset(
+                ex.id for ex in todo if ex.notebook == nb and holds_in_ranks(ex, cases[ex.id])
+            ),
         )
         for nb in notebooks
     }
