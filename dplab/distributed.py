@@ -126,6 +126,11 @@ class RanksTimedOut(LaunchError):
     """The ranks ran past the time or processor-time limit while still computing."""
 
 
+class GroupStopped(LaunchError):
+    """A group stopped before its end because a group before it in the same call had failed
+    (see `launch_each`'s `stop_after_failure`)."""
+
+
 def choose_backend(nprocs: int, backend: str | None = None) -> str:
     """Return "nccl" when `nprocs` GPUs are there for the asking (one per rank), else "gloo"."""
     if backend in ("gloo", "nccl"):
@@ -904,17 +909,22 @@ def launch_each(
     timeout: float = 3600.0,
     idle_timeout: float = 60.0,
     cpu_limit: float | None = None,
+    stop_after_failure: bool = False,
 ) -> list[Launched | LaunchError]:
     """Run several groups side by side: for each (fn, nprocs) in `calls`, `fn()` in every
     process of a group of its own, as `launch` does (quietly). Return, in order, what each
-    launch returned, or the LaunchError that ended it: one group's failure ends no other.
-    Groups that mostly wait (the checks' tiny cases) take little longer together than the
-    largest alone."""
+    launch returned, or the LaunchError that ended it: one group's failure ends no other,
+    unless `stop_after_failure`: then it stops the groups after it in `calls` that are still
+    running (their outcome is a GroupStopped), for a caller that reads the outcomes in order
+    up to the first failure. Groups that mostly wait (the checks' tiny cases) take little
+    longer together than the largest alone."""
 
     def begin(fn: Callable, nprocs: int, chosen: str, folder: Path, store_timeout: float):
         return _start(fn, (), None, nprocs, chosen, folder, store_timeout, False)
 
-    return _side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin)
+    return _side_by_side(
+        calls, backend, timeout, idle_timeout, cpu_limit, begin, stop_after_failure
+    )
 
 
 def _side_by_side(
@@ -924,10 +934,11 @@ def _side_by_side(
     idle_timeout: float,
     cpu_limit: float | None,
     begin: Callable[..., "_Group"],
+    stop_after_failure: bool = False,
 ) -> list[Launched | LaunchError]:
     """Run each (fn, nprocs) of `calls` in a group of its own, side by side, and watch them all
-    (see `launch_each`). `begin(fn, nprocs, backend, folder, store_timeout)` starts one
-    group's run in `folder` and returns the parent's view of it."""
+    (see `launch_each`, and its `stop_after_failure`). `begin(fn, nprocs, backend, folder,
+    store_timeout)` starts one group's run in `folder` and returns the parent's view of it."""
     chosen = [_check_arguments(fn, (), nprocs, backend) for fn, nprocs in calls]
     started = time.monotonic()
     store_timeout = max(2 * idle_timeout, 30.0) if idle_timeout else timeout
@@ -942,6 +953,8 @@ def _side_by_side(
                 watchers[i] = _parent_waits(groups[i], nprocs, timeout, idle_timeout, cpu_limit)
             while watchers:
                 for i, watcher in list(watchers.items()):
+                    if i not in watchers:  # stopped meanwhile
+                        continue
                     try:
                         next(watcher)
                     except StopIteration:
@@ -950,6 +963,12 @@ def _side_by_side(
                     except LaunchError as error:
                         outcomes[i] = error
                         del watchers[i]
+                        # A group that could not form has run nothing, and decides nothing
+                        # (a pool runs it again: see RankPool.run_each).
+                        if stop_after_failure and not _not_formed(error):
+                            for j in [j for j in watchers if j > i]:
+                                watchers.pop(j).close()
+                                outcomes[j] = _stopped(groups[j], calls[j][1], calls[i][1])
                 if watchers:
                     _pause(started)
         except BaseException:
@@ -957,6 +976,18 @@ def _side_by_side(
                 group.kill()
             raise
     return outcomes  # type: ignore[return-value]
+
+
+def _stopped(group: "_Group", nprocs: int, failed: int) -> GroupStopped:
+    """Stop a group's ranks because the group of `failed` processes before it failed."""
+    group.kill()
+    group.flush()
+    return GroupStopped(
+        f"the group of {nprocs} processes was stopped: the group of {failed} before it had failed",
+        None,
+        [group.output(r) for r in range(nprocs)],
+        [r for r in range(nprocs) if group.returned(r)],
+    )
 
 
 # ---- ranks that stay -----------------------------------------------------------------------
@@ -1138,6 +1169,7 @@ class RankPool:
         timeout: float = 3600.0,
         idle_timeout: float = 60.0,
         cpu_limit: float | None = None,
+        stop_after_failure: bool = False,
     ) -> list[Launched | LaunchError]:
         """As `launch_each`, on this pool's ranks (forked now where there are none for a size,
         or none forked under `key`); each size at most once per call."""
@@ -1149,14 +1181,13 @@ class RankPool:
             return self._send(ranks, folder, fn)
 
         try:
-            done = _side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin)
+            limits = (timeout, idle_timeout, cpu_limit, begin, stop_after_failure)
+            done = _side_by_side(calls, backend, *limits)
             # A group that could not form has run nothing: once more, on ranks forked anew
             # (those whose run failed serve no more).
             again = [i for i, d in enumerate(done) if _not_formed(d)]
             if again:
-                redone = _side_by_side(
-                    [calls[i] for i in again], backend, timeout, idle_timeout, cpu_limit, begin
-                )
+                redone = _side_by_side([calls[i] for i in again], backend, *limits)
                 for i, outcome in zip(again, redone, strict=True):
                     done[i] = outcome
                     self.formed_again.append(calls[i][1])

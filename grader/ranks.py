@@ -31,6 +31,7 @@ from torch.distributed import distributed_c10d
 
 from dplab.distributed import (
     LIBRARY_PARTS,
+    GroupStopped,
     Launched,
     LaunchError,
     RankPool,
@@ -156,16 +157,12 @@ def in_rank(call: Callable[[], Any]) -> dict:
 
 def group_record(done: Launched | LaunchError) -> dict:
     """Return what a launch gave as plain data: {"ranks": [what each returned], "outputs":
-    [what each printed]}, or {"failed": why, "kind": "hung", "raised" or "limit", "rank":
-    the rank to blame or None, "finished": the ranks that had returned}."""
+    [what each printed]}, or {"failed": why, "kind": "hung", "raised", "limit" or "stopped"
+    (a smaller group had failed), "rank": the rank to blame or None, "finished": the ranks
+    that had returned}."""
     if isinstance(done, LaunchError):
-        kind = (
-            "hung"
-            if isinstance(done, RanksHung)
-            else "limit"
-            if isinstance(done, RanksTimedOut)
-            else "raised"
-        )
+        kinds = {RanksHung: "hung", RanksTimedOut: "limit", GroupStopped: "stopped"}
+        kind = next((k for cls, k in kinds.items() if isinstance(done, cls)), "raised")
         return {
             "failed": str(done)[-3000:],
             "kind": kind,
@@ -330,7 +327,10 @@ def _in_pool(
 
 def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
     """Run `factory(student)()` in every process of a new gloo group of each size, the groups
-    side by side; return a record per group (see `group_record`), smallest first.
+    side by side; return a record per group (see `group_record`), smallest first. The checks
+    judge the groups in that order, and the first that failed decides (`groups_finished`):
+    once a group fails, the larger ones still running are stopped (a deadlock is called
+    sooner in a small group, and the large ones would only wait on).
     `factory` is a function of the checks module (or a functools.partial of one with plain
     arguments): in `rank_pools`, ranks forked for an earlier case run it. Together the groups
     may use the case's processor-time limit (CPU_SECONDS outside a grade). A stub stops the
@@ -350,6 +350,7 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         timeout=WALL_SECONDS,
         idle_timeout=IDLE_SECONDS,
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
+        stop_after_failure=True,
     )
     if _pools and _pools[-1].namespace is student.namespace:  # in rank_pools, for this notebook
         opened = _pools[-1]
@@ -525,7 +526,7 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
             raise Fail(f"{label}: {group['failed']}")  # the check's own hint names the call
         if kind == "hung":
             raise Fail(f"{label}: {group['failed']}", DEADLOCK_HINT)
-        if kind == "limit":
+        if kind in ("limit", "stopped"):
             raise Fail(f"{label}: {group['failed']}")
         # A rank's process died (a crash inside torch, os._exit): judged as an error, so the
         # exercise's error hints can name the mistake behind it.

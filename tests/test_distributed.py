@@ -22,11 +22,13 @@ import dplab.distributed
 from dplab.distributed import (
     ANSWER_SECONDS,
     QUIET_SECONDS,
+    GroupStopped,
     RankFailed,
     RankPool,
     RanksHung,
     RanksTimedOut,
     launch,
+    launch_each,
 )
 from grader.checks.train_ddp import plain_state, replay_on
 from grader.load.notebook import load_notebook, read_cells
@@ -80,6 +82,36 @@ def test_a_rank_that_raises_stops_the_group_and_is_named():
         launch(raises_on_rank_one, nprocs=3, show=False)
     assert caught.value.rank == 1
     assert str(caught.value).startswith("rank 1 raised ValueError: rank one cannot go on")
+
+
+def fails_in_two():
+    """A group of 2 fails at once; one of 3 returns after a moment; one of 4 sleeps on."""
+    world = dist.get_world_size()
+    if world == 2:
+        raise ValueError("two is too few")
+    time.sleep(1.0 if world == 3 else 600)
+    return world
+
+
+@pytest.mark.parametrize("where", ["launch_each", "a pool"])
+def test_once_a_group_fails_the_groups_after_it_stop_and_those_before_it_run_on(where):
+    calls = [(fails_in_two, 3), (fails_in_two, 2), (fails_in_two, 4)]
+    # Without the stop, the group of 4 would be called stuck after idle_timeout instead.
+    limits = dict(backend="gloo", idle_timeout=8, stop_after_failure=True)
+    if where == "a pool":
+        with RankPool() as pool:
+            done = pool.run_each(calls, **limits)
+            after = pool.run_each([(who_and_how_many, 4)], backend="gloo")[0]
+            assert pool.forks == 3 + 2 + 4 + 4 + sum(pool.formed_again)  # the 4 forked anew
+        assert [r[1:] for r in after.results] == [(r, 4) for r in range(4)]
+    else:
+        done = launch_each(calls, **limits)
+    assert done[0].results == [3, 3, 3]
+    assert isinstance(done[1], RankFailed) and "two is too few" in str(done[1])
+    assert isinstance(done[2], GroupStopped)
+    assert "the group of 4 processes was stopped: the group of 2 before it had failed" in str(
+        done[2]
+    )
 
 
 def sends_first():

@@ -119,7 +119,7 @@ def given_kinds(student, ctx, kinds: list[str]):
     results = []
     for kind in kinds:
         results.append(run_ring(student, ctx, kind))
-        if results[-1][-1].get("kind") in ("hung", "limit"):
+        if any(group.get("kind") in ("hung", "limit") for group in results[-1]):
             break
     return results
 
