@@ -607,6 +607,14 @@ class _Group:
         for r in self.running:
             _, self.status[r] = os.waitpid(self.pids[r], 0)
 
+    def stop(
+        self, error: type[LaunchError], message: str, rank: int | None = None, finished=()
+    ) -> LaunchError:
+        """Stop the ranks still running; return `error` with what every rank printed."""
+        self.kill()
+        self.flush()
+        return error(message, rank, [self.output(r) for r in range(len(self.pids))], finished)
+
     def returned(self, rank: int) -> bool:
         """Return True when rank's function has returned (it waits for the others then)."""
         return (self.folder / f"rank{rank}.result").exists()
@@ -704,13 +712,10 @@ def _parent_waits(
                 else:
                     asked = None
         if cpu_limit and cpu > cpu_limit:
-            group.kill()
-            group.flush()
-            raise RanksTimedOut(
+            raise group.stop(
+                RanksTimedOut,
                 f"the {nprocs} processes used more than {cpu_limit:.3g} s of processor time "
                 "between them and were stopped",
-                None,
-                [group.output(r) for r in range(nprocs)],
             )
         if stuck and grace_until is None and all(group.returned(r) for r in range(nprocs)):
             # Every rank's function has returned, so none waits for the code any more: what
@@ -721,8 +726,6 @@ def _parent_waits(
             break
         if stuck and grace_until is None:
             stacks = group.where()
-            group.kill()
-            group.flush()
             done = [r for r in range(nprocs) if group.returned(r)]
             waiting = [r for r in range(nprocs) if r not in done]
             lines = [
@@ -741,19 +744,12 @@ def _parent_waits(
                 else "the ranks are waiting for each other (a deadlock): for example every "
                 "rank doing a blocking send first"
             )
-            raise RanksHung(
-                why + ".\n  " + "\n  ".join(lines),
-                waiting[0] if len(waiting) == 1 else None,
-                [group.output(r) for r in range(nprocs)],
-                done,
-            )
+            rank = waiting[0] if len(waiting) == 1 else None
+            raise group.stop(RanksHung, why + ".\n  " + "\n  ".join(lines), rank, done)
         if timeout and now - started > timeout:
-            group.kill()
-            group.flush()
-            raise RanksTimedOut(
+            raise group.stop(
+                RanksTimedOut,
                 f"the {nprocs} processes ran past the limit of {timeout:g} s and were stopped",
-                None,
-                [group.output(r) for r in range(nprocs)],
             )
         yield
     if group.running:
@@ -968,7 +964,14 @@ def _side_by_side(
                         if stop_after_failure and not _not_formed(error):
                             for j in [j for j in watchers if j > i]:
                                 watchers.pop(j).close()
-                                outcomes[j] = _stopped(groups[j], calls[j][1], calls[i][1])
+                                outcomes[j] = groups[j].stop(
+                                    GroupStopped,
+                                    f"the group of {calls[j][1]} processes was stopped: the "
+                                    f"group of {calls[i][1]} before it had failed",
+                                    finished=[
+                                        r for r in range(calls[j][1]) if groups[j].returned(r)
+                                    ],
+                                )
                 if watchers:
                     _pause(started)
         except BaseException:
@@ -976,18 +979,6 @@ def _side_by_side(
                 group.kill()
             raise
     return outcomes  # type: ignore[return-value]
-
-
-def _stopped(group: "_Group", nprocs: int, failed: int) -> GroupStopped:
-    """Stop a group's ranks because the group of `failed` processes before it failed."""
-    group.kill()
-    group.flush()
-    return GroupStopped(
-        f"the group of {nprocs} processes was stopped: the group of {failed} before it had failed",
-        None,
-        [group.output(r) for r in range(nprocs)],
-        [r for r in range(nprocs) if group.returned(r)],
-    )
 
 
 # ---- ranks that stay -----------------------------------------------------------------------
