@@ -374,7 +374,11 @@ class _Backend:
 
     @staticmethod
     def is_available() -> bool:
-        return True
+        """False: to PyTorch, stand-ins are no accelerator. What asks (torch.accelerator,
+        and through it the DataLoader's `pin_memory=True`) then does what it does on a
+        machine without GPUs: a loader warns that it cannot pin memory and loads as usual,
+        instead of asking this backend for pinned memory, which it cannot give."""
+        return False
 
     @staticmethod
     def is_initialized() -> bool:
@@ -395,6 +399,23 @@ class _Backend:
     @staticmethod
     def manual_seed_all(seed: int) -> None:
         pass
+
+    @staticmethod
+    def get_rng_state(device=None) -> torch.Tensor:
+        """The random state of the device the stand-ins compute on (torch.random.fork_rng
+        saves and restores it)."""
+        backing = _state["backing"]
+        if backing.type == "cuda":
+            return torch.cuda.get_rng_state(backing)
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device=None) -> None:
+        backing = _state["backing"]
+        if backing.type == "cuda":
+            torch.cuda.set_rng_state(state, backing)
+        else:
+            torch.set_rng_state(state)
 
     @staticmethod
     def synchronize(device=None) -> None:

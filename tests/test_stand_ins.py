@@ -189,3 +189,44 @@ def test_a_user_can_force_real_devices_or_the_cpu(mode, wanted):
         timeout=120,
     )
     assert proc.stdout.strip().splitlines()[-1] == wanted, proc.stderr
+
+
+# A loop of PyTorch's examples: batches in pinned memory, copied without blocking.
+PINNED_LOADER = """
+import warnings
+import torch
+import dplab
+from torch.utils.data import DataLoader, TensorDataset
+device = dplab.try_gpu(1)
+loader = DataLoader(TensorDataset(torch.arange(10.0), torch.arange(10)), batch_size=4,
+                    pin_memory=True)
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    rows = [X.to(device, non_blocking=True).cpu().tolist() for X, _ in loader]
+print(device, rows, any("pin_memory" in str(w.message) for w in said))
+"""
+
+
+@pytest.mark.parametrize("mode", ["stand-in", "cpu"])
+def test_pin_memory_loads_as_on_a_machine_without_a_gpu(mode):
+    """`pin_memory=True` loads every batch, with PyTorch's own warning that nothing can be
+    pinned, where the lab's devices are stand-ins (which cannot pin memory) or the CPU."""
+    if num_gpus() >= 1:
+        pytest.skip("with a GPU, memory is really pinned")
+    proc = subprocess.run(
+        [sys.executable, "-c", PINNED_LOADER],
+        capture_output=True,
+        text=True,
+        env={"DPLAB_DEVICES": mode, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    device = "sim:1" if mode == "stand-in" else "cpu"
+    rows = [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0]]
+    assert proc.stdout.strip().splitlines()[-1] == f"{device} {rows} True"
+
+
+def test_fork_rng_saves_and_restores_the_stand_ins_random_state():
+    with torch.random.fork_rng(devices=[D0]):
+        drawn = torch.rand(3)
+    assert torch.equal(torch.rand(3), drawn)
