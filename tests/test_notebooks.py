@@ -106,3 +106,98 @@ def test_readme_lists_the_exercises_from_the_manifest():
     from grader.cli import exercise_table
 
     assert exercise_table() in (REPO / "README.md").read_text()
+
+
+# ---- the lab's cells leave the student's names alone ---------------------------------------
+
+# Helpers the lab's own cells define after an exercise cell although a student might define
+# them too: the book's `lenet`, which the from-scratch exercises call, and the network that
+# `torchrun -m dplab.train_ddp` loads from the distributed notebook by that name.
+LAB_NAMES = {"from_scratch.ipynb": {"lenet"}, "distributed.ipynb": {"lenet"}}
+OUTSIDE = REPO / "tests" / "outside"
+
+
+def helpers_defined(source: str) -> set[str]:
+    """Return the helpers a cell defines at its top level: functions, classes and imported
+    names, what a function of the cell may call (its demo variables are left out: a lab's demo
+    that rebinds the book's `data` gives it the same meaning)."""
+    import ast
+
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%"))
+    names = set()
+    for statement in ast.parse(code).body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(statement.name)
+        elif isinstance(statement, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in statement.names}
+    return names
+
+
+def students_names(notebook: str) -> set[str]:
+    """Return the helpers a student's exercise cells may define: the book's (students copy
+    d2l's code into their cells), and those the exercise cells define in the reference and in
+    the outside-style submissions of tests/outside/, written in real habits (such as the
+    `accuracy(output, target, topk)` helper of PyTorch's ImageNet example)."""
+    import dplab
+
+    functions = {ex.function for ex in MANIFEST.in_notebook(notebook)}
+    names = set(dplab.__all__)
+    cells = cells_by_grade_id(SOLUTIONS / notebook)
+    for ex in MANIFEST.in_notebook(notebook):
+        names |= helpers_defined("".join(cells[f"{ex.id}-solution"]["source"]))
+    for script in OUTSIDE.glob(f"*/{notebook.replace('.ipynb', '.py')}"):
+        for cell in script.read_text(encoding="utf-8").split("# %%")[1:]:
+            defined = helpers_defined(cell.partition("\n")[2])
+            if defined & functions:
+                names |= defined
+    return names
+
+
+@pytest.mark.parametrize("notebook", MANIFEST.notebooks)
+def test_no_cell_of_the_lab_rebinds_a_helper_a_students_cell_may_define(notebook):
+    """Loading a whole notebook must not replace a student's helper: a later cell of the lab
+    that defines the same name (as section 7's `accuracy` did) leaves the student's function
+    calling the lab's."""
+    theirs = students_names(notebook) - LAB_NAMES.get(notebook, set())
+    seen_an_exercise = False
+    for cell in json.loads((SOLUTIONS / notebook).read_text())["cells"]:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if cell["cell_type"] != "code" or grade_id.endswith("-checks"):
+            continue
+        if grade_id.endswith("-solution"):
+            seen_an_exercise = True
+        elif seen_an_exercise:
+            clash = helpers_defined("".join(cell["source"])) & theirs
+            assert not clash, f"{notebook}, cell {cell['id']}: the lab's cell redefines {clash}"
+
+
+def possible_values(node) -> list[str]:
+    """Return the strings an expression may give: a constant, or either side of `a if c else b`
+    (None and names give none)."""
+    import ast
+
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else []
+    if isinstance(node, ast.IfExp):
+        return possible_values(node.body) + possible_values(node.orelse)
+    return []
+
+
+def test_every_see_names_a_check_of_the_same_exercise():
+    """A failure that names the check owning its cause (`see=`) must name one that exists,
+    or its points would never come back."""
+    import ast
+    import importlib
+
+    for ex in MANIFEST.exercises:
+        names = {c.name for c in exercise_checks(ex, include_hidden=True)}
+        for module in (ex.checks, ex.hidden):
+            tree = ast.parse(Path(importlib.import_module(module).__file__).read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.keyword) and node.arg == "see":
+                    for value in possible_values(node.value):
+                        assert value in names, f"{module}: see={value!r}"
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id.endswith("_OWNER") for t in node.targets
+                ):
+                    assert node.value.value in names, f"{module}: {ast.unparse(node)}"
