@@ -78,15 +78,22 @@ AUTOGRAD_FORK_HINT = (
 
 class LaunchError(RuntimeError):
     """A launch that did not end well; `rank` names the process that stopped it (None when
-    several did), and `outputs` holds what every rank printed."""
+    several did), `outputs` holds what every rank printed, and `results` what the ranks whose
+    function had returned (`finished`) returned, by rank."""
 
     def __init__(
-        self, message: str, rank: int | None, outputs: list[str], finished: list[int] = ()
+        self,
+        message: str,
+        rank: int | None,
+        outputs: list[str],
+        finished: list[int] = (),
+        results: dict[int, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.rank = rank
         self.outputs = outputs
         self.finished = list(finished)  # ranks whose function had returned
+        self.results = dict(results or {})
 
 
 class LaunchSkipped(BaseException):
@@ -225,6 +232,8 @@ def _one_run(
         os.close(log)
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if faulthandler.is_enabled():  # a crash's stack goes to this rank's log, not the parent's
+            faulthandler.enable(file=sys.stderr, all_threads=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         stacks = open(folder / f"rank{rank}.stack", "w")  # noqa: SIM115  (open until exit)
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
@@ -610,14 +619,25 @@ class _Group:
     def stop(
         self, error: type[LaunchError], message: str, rank: int | None = None, finished=()
     ) -> LaunchError:
-        """Stop the ranks still running; return `error` with what every rank printed."""
+        """Stop the ranks still running; return `error` with what every rank printed, and
+        what the `finished` ranks returned."""
         self.kill()
         self.flush()
-        return error(message, rank, [self.output(r) for r in range(len(self.pids))], finished)
+        outputs = [self.output(r) for r in range(len(self.pids))]
+        return error(message, rank, outputs, finished, self.results_of(finished))
 
     def returned(self, rank: int) -> bool:
         """Return True when rank's function has returned (it waits for the others then)."""
         return (self.folder / f"rank{rank}.result").exists()
+
+    def results_of(self, ranks: list[int]) -> dict[int, Any]:
+        """Return what each of `ranks` left as its function's result, where it left one."""
+        results = {}
+        for r in ranks:
+            with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+                with open(self.folder / f"rank{r}.result", "rb") as f:
+                    results[r] = pickle.load(f)
+        return results
 
     def error_of(self, rank: int) -> str:
         path = self.folder / f"rank{rank}.error"
@@ -625,7 +645,11 @@ class _Group:
             with open(path, "rb") as f:
                 kind, message, trace = pickle.load(f)
             return f"rank {rank} raised {kind}: {message}\n{trace.rstrip()}"
-        said = "\n".join(self.output(rank).strip().splitlines()[-6:])
+        lines = self.output(rank).strip().splitlines()
+        # A library that aborts says why in a line of its own ("what(): ..."), which the stack
+        # that Python's fault handler writes after it would push out of the last lines.
+        why = [i for i, line in enumerate(lines) if line.lstrip().startswith("what():")]
+        said = "\n".join(lines[max(0, why[-1] - 1) : why[-1] + 1] if why else lines[-6:])
         return f"rank {rank}'s process {describe_status(self.status[rank])}" + (
             f"; the last lines it wrote:\n{said}" if said else ""
         )
@@ -763,12 +787,15 @@ def _parent_waits(
             message += "\n" + AUTOGRAD_FORK_HINT
         if others:
             message += f"\n(then rank(s) {', '.join(map(str, others))} stopped as well)"
-        if group.finished():
+        finished = group.finished()
+        if finished:
             message += (
-                f"\n(rank(s) {', '.join(map(str, group.finished()))} had finished: a rank that "
+                f"\n(rank(s) {', '.join(map(str, finished))} had finished: a rank that "
                 "skips a collective or a send leaves the others waiting for it)"
             )
-        raise RankFailed(message, first, [group.output(r) for r in range(nprocs)])
+        outputs = [group.output(r) for r in range(nprocs)]
+        returned = [r for r in range(nprocs) if group.returned(r)]
+        raise RankFailed(message, first, outputs, returned, group.results_of(returned))
 
 
 def _show_figures(figures: list[bytes]) -> None:

@@ -120,23 +120,17 @@ class Recorder:
     examples each step used (grader.checks.train_ddp replays such a run)."""
 
     def __init__(self, net: torch.nn.Module, train_set, rank: int) -> None:
-        from grader.checks.train_ddp import NotedDataset, state
+        from grader.checks.train_ddp import RunLog, state
 
-        self.net, self.rank, self.log, self.first, self.state = net, rank, [], {}, state
-        X, y = train_set.tensors
-        self.dataset = NotedDataset(X, y, "train", self.log)
-
-        def note_forward(module, inputs):
-            self.log.append(("forward", bool(module.training), int(len(inputs[0]))))
-            if module.training and not self.first:
-                self.first.update(state(module))
-
-        net.register_forward_pre_hook(note_forward)
+        self.net, self.rank, self.state = net, rank, state
+        self.run = RunLog(net, train_set.tensors[0])
+        self.dataset = train_set
 
     def save(self, folder: Path, history: list[float]) -> None:
+        self.run.close()
         folder.mkdir(parents=True, exist_ok=True)
         torch.save(
-            {"first": self.first, "final": self.state(self.net), "log": self.log,
+            {"first": self.run.first, "final": self.state(self.net), "log": self.run.log,
              "history": list(history)},
             folder / f"rank{self.rank}.pt",
         )  # fmt: skip

@@ -39,7 +39,7 @@ from dplab.distributed import (
     RanksTimedOut,
     launch_each,
 )
-from grader.api import Crash, Fail, MissingFunction, Raised, Student, attempt, raised_in
+from grader.api import Crash, Fail, MissingFunction, Raised, Stub, Student, attempt, raised_in
 
 if TYPE_CHECKING:
     from grader.sandbox.child import Snapshot
@@ -78,15 +78,17 @@ all_reduce = ORIGINAL["all_reduce"]
 LIBRARY_PARTS.append(__file__)  # a stuck rank's stack shows the student's frames, not these
 
 
-def _describe_call(name: str, args: tuple, kwargs: dict, keep_input: bool) -> dict:
-    """Return what a call passes: the tensor's size and dtype, and its peer (point to point)."""
+def _describe_call(name: str, args: tuple, kwargs: dict, describe: Callable | None) -> dict:
+    """Return what a call passes: the tensor's size and dtype, its peer (point to point), and
+    what `describe(name, tensor)` says of the tensor, asked at the time of the call."""
     record: dict[str, Any] = {"name": name, "at": time.monotonic()}
     tensor = args[0] if args else kwargs.get("tensor")
     if isinstance(tensor, torch.Tensor):
         record["numel"] = int(tensor.numel())
+        record["nbytes"] = int(tensor.numel() * tensor.element_size())
         record["dtype"] = str(tensor.dtype).removeprefix("torch.")
-        if keep_input:
-            record["input"] = tensor.detach().to("cpu").clone()
+        if describe is not None:
+            record.update(describe(name, tensor) or {})
     if name in PEER:
         peer = args[1] if len(args) > 1 else kwargs.get(PEER[name])
         record["peer"] = int(peer) if isinstance(peer, int) else None
@@ -98,12 +100,13 @@ def _describe_call(name: str, args: tuple, kwargs: dict, keep_input: bool) -> di
 
 @contextlib.contextmanager
 def recording_calls(
-    namespace: dict | None = None, keep_inputs: tuple[str, ...] = ()
+    namespace: dict | None = None, describe: Callable[[str, torch.Tensor], dict] | None = None
 ) -> Iterator[list[dict]]:
     """Note every collective and point-to-point call made while the block runs, however the
     code reaches it (`dist.all_reduce`, `torch.distributed.all_reduce`, or a name imported
     into `namespace`, the student's notebook). The calls go through to torch unchanged;
-    for the names in `keep_inputs`, a copy of the tensor passed is kept."""
+    `describe(name, tensor)`, if given, adds to each call's record what it says of the tensor
+    passed, before the call runs (see grader.checks.average_gradients' `held_in`)."""
     calls: list[dict] = []
     depth = [0]  # torch's own functions call each other (send calls isend): note the outer one
     wrappers = {}
@@ -112,7 +115,7 @@ def recording_calls(
         @functools.wraps(original)
         def wrapper(*args, __name=name, __original=original, **kwargs):
             if depth[0] == 0:
-                calls.append(_describe_call(__name, args, kwargs, __name in keep_inputs))
+                calls.append(_describe_call(__name, args, kwargs, describe))
             depth[0] += 1
             try:
                 return __original(*args, **kwargs)
@@ -145,11 +148,11 @@ def _swapped(where: dict, key: str, value: Any) -> Iterator[None]:
 
 def in_rank(call: Callable[[], Any]) -> dict:
     """In a rank: run the student's `call` through `attempt`, noting when it raised (so that
-    the rank that failed first is the one reported). A stub or a missing function is noted
+    the rank that failed first is the one reported). The stub or a missing function is noted
     as such."""
     try:
         outcome = attempt(call)
-    except (NotImplementedError, MissingFunction) as error:
+    except (NotImplementedError, MissingFunction) as error:  # (attempt lets only these by)
         outcome = {"returned": None, "raised": Raised.from_exception(error).as_data()}
     outcome["at"] = time.monotonic()
     return outcome
@@ -159,17 +162,24 @@ def group_record(done: Launched | LaunchError) -> dict:
     """Return what a launch gave as plain data: {"ranks": [what each returned], "outputs":
     [what each printed]}, or {"failed": why, "kind": "hung", "raised", "limit" or "stopped"
     (a smaller group had failed), "rank": the rank to blame or None, "finished": the ranks
-    that had returned}."""
+    that had returned, "partial": what each of those returned (None for the others),
+    "outputs"}; the kind is "mismatch" for a group that gloo stopped because its ranks'
+    collective calls did not match."""
+    outputs = [o[-2000:] for o in done.outputs]
     if isinstance(done, LaunchError):
         kinds = {RanksHung: "hung", RanksTimedOut: "limit", GroupStopped: "stopped"}
         kind = next((k for cls, k in kinds.items() if isinstance(done, cls)), "raised")
+        if kind == "raised" and MISMATCH in str(done):
+            kind = "mismatch"
         return {
             "failed": str(done)[-3000:],
             "kind": kind,
             "rank": done.rank,
             "finished": done.finished,
+            "partial": [done.results.get(r) for r in range(len(done.outputs))],
+            "outputs": outputs,
         }
-    return {"ranks": done.results, "outputs": [o[-2000:] for o in done.outputs]}
+    return {"ranks": done.results, "outputs": outputs}
 
 
 class _Open(NamedTuple):
@@ -383,7 +393,7 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
 _STUB_STEPS = {"RESUME", "NOP", "CACHE", "PUSH_NULL", "PRECALL", "LOAD_GLOBAL", "LOAD_CONST"}
 
 
-def untouched_stub(fn: Callable) -> NotImplementedError | None:
+def untouched_stub(fn: Callable) -> Stub | None:
     """Return the NotImplementedError that calling `fn` raises, whatever its arguments, when
     its body does nothing but `raise NotImplementedError(...)` with constant arguments (the
     notebook's stub, a docstring and comments allowed); None for anything else. Read from
@@ -404,14 +414,14 @@ def untouched_stub(fn: Callable) -> NotImplementedError | None:
     if not all(isinstance(c, str | int | float | type(None)) for c in constants):
         return None
     if [i.opname for i in steps] == ["RAISE_VARARGS"] and not constants:
-        return NotImplementedError("")  # raise NotImplementedError: its message is ""
+        return Stub("")  # raise NotImplementedError: its message is ""
     if (
         [i.opname for i in steps] == ["CALL", "RAISE_VARARGS"]
         and steps[0].arg == len(constants)
         and steps[1].arg == 1
     ):
         message = str(NotImplementedError(*constants))[:1000]  # as a rank reports it
-        return NotImplementedError(message)
+        return Stub(message)
     return None
 
 
@@ -419,8 +429,8 @@ def first_stub(group: dict) -> Exception | None:
     """Return the error to raise in the case when a rank met a stub or a missing function."""
     for rank in group.get("ranks", []):
         raised = raised_in(rank)
-        if raised is not None and raised.type == "NotImplementedError":
-            return NotImplementedError(raised.message)
+        if raised is not None and raised.stub:
+            return Stub(raised.message)
         if raised is not None and raised.type == "MissingFunction":
             return MissingFunction(raised.message)
     return None
@@ -508,6 +518,14 @@ def apart(fn: Callable[..., Any], *args: Any, wait: float = 120.0) -> Any:
 
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+# What gloo says, as it aborts the process, when ranks make different collective calls at the
+# same point (a call one rank skips, met by the others' next one): a deadlock by other means.
+MISMATCH = "collective mismatch"
+MISMATCH_HINT = (
+    "The ranks made different collective calls at the same point, so gloo stopped: every rank "
+    "must make the same collective calls in the same order (a call made on rank 0 alone, say "
+    "an evaluation, meets the others' next call instead)."
+)
 DEADLOCK_HINT = (
     "Every rank must make the same calls in the same order: a blocking send on every rank "
     "at once waits forever (post the send with dist.isend, then recv, then wait), and so "
@@ -528,12 +546,14 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
             raise Fail(f"{label}: {group['failed']}", DEADLOCK_HINT)
         if kind in ("limit", "stopped"):
             raise Fail(f"{label}: {group['failed']}")
+        if kind == "mismatch":
+            raise Fail(f"{label}: {group['failed']}", MISMATCH_HINT)
         # A rank's process died (a crash inside torch, os._exit): judged as an error, so the
         # exercise's error hints can name the mistake behind it.
         raise Crash(Raised("RankFailed", f"{group['failed']} ({label})", "", ""))
     ranks = group["ranks"]
     crashed = [(r, raised_in(o)) for r, o in enumerate(ranks) if raised_in(o) is not None]
-    crashed = [(r, raised) for r, raised in crashed if raised.type not in ("NotImplementedError",)]
+    crashed = [(r, raised) for r, raised in crashed if not raised.stub]
     lost = [r for r, raised in crashed if any(p in raised.message for p in PEER_LOST)]
     if crashed and len(lost) == len(crashed) and len(crashed) < len(ranks):
         # Only "peer gone" errors: a rank returned while the others still waited for it.
@@ -554,3 +574,33 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
 def groups_finished(groups: list[dict], what: str = "") -> list[tuple[int, list[dict]]]:
     """Return (world size, ranks) for every group, failing as `expect_ranks_finished` does."""
     return [(g["world_size"], expect_ranks_finished(g, what)) for g in groups]
+
+
+def ranks_that_returned(
+    groups: list[dict], see: str, what: str = ""
+) -> list[tuple[int, dict[int, dict]]]:
+    """For a check about something other than the collectives (a mode, a sampler, a line
+    printed): return (world size, {rank: record}) for every group, with every rank where the
+    group finished and, where it deadlocked, the ranks that had returned before it was
+    stopped (the larger groups stopped after it decided nothing). The deadlock is charged by
+    the check `see`, which judges the collectives: where no rank is left to judge, this check
+    fails naming it, and so keeps its points (grader.api.Fail). Calls that did not match
+    (gloo stops such a group) count as a deadlock. A rank that raised, or a limit, fails as in
+    `groups_finished`."""
+    judged = []
+    deadlocked = False
+    for g in groups:
+        if g.get("kind") in ("hung", "mismatch", "stopped"):
+            deadlocked = deadlocked or g["kind"] != "stopped"
+            ranks = {r: rec for r, rec in enumerate(g.get("partial") or []) if rec is not None}
+            if ranks:
+                judged.append((g["world_size"], ranks))
+            continue
+        judged.append((g["world_size"], dict(enumerate(expect_ranks_finished(g, what)))))
+    if not judged:
+        if deadlocked:
+            raise Fail(
+                "could not be judged: the ranks deadlocked before any of them returned", see=see
+            )
+        expect_ranks_finished(groups[0], what)  # a failure of another kind: say which
+    return judged

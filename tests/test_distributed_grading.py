@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from grader.manifest import load_manifest
+from grader.mistakes import mistakes_of
 from tests.conftest import python, write_notebook
 from tests.test_hostile import Server, replacing, sources
 
@@ -54,6 +55,60 @@ def train_ddp(net, num_epochs, batch_size, lr, data=None, device=None):
     dist.barrier()
     return [0.0] * num_epochs
 """
+
+
+# Right, but for the habits of the issue on fair grades: the gradients scaled in place before
+# their all_reduce; the buckets closed only once over the limit (one real mistake).
+SCALES_FIRST = """
+def average_gradients(model):
+    world = dist.get_world_size()
+    for param in model.parameters():
+        if param.grad is not None:
+            param.grad.div_(world)
+            dist.all_reduce(param.grad)
+"""
+BUCKETS_TOO_BIG = mistakes_of(MANIFEST.exercise("average_gradients_bucketed"))[
+    "closes_a_bucket_once_it_is_over_the_limit"
+].source
+WHOLE_BATCH_PER_RANK = mistakes_of(MANIFEST.exercise("train_ddp"))[
+    "local_batch_of_the_global_size"
+].source
+
+# Rank 0 believes it has the total already and skips the all_reduce the others make.
+RANK_ZERO_SKIPS = """
+def evaluate_accuracy_distributed(net, test_iter, device):
+    net.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for X, y in test_iter:
+            counts[0] += d2l.accuracy(net(X.to(device)), y.to(device))
+            counts[1] += len(y)
+    if dist.get_rank() != 0:
+        dist.all_reduce(counts)
+    return float(counts[0] / counts[1])
+"""
+# Every rank sends its counts first: no rank ever returns.
+EVERY_RANK_SENDS_FIRST = """
+def evaluate_accuracy_distributed(net, test_iter, device):
+    net.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for X, y in test_iter:
+            counts[0] += d2l.accuracy(net(X.to(device)), y.to(device))
+            counts[1] += len(y)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.send(counts, (rank + 1) % world)
+    dist.recv(counts, (rank - 1) % world)
+    return float(counts[0] / counts[1])
+"""
+
+
+def replacing_each(notebook: str, **functions: str) -> list[str]:
+    """Return the reference's cells with the cell of each named function replaced."""
+    cells = sources(notebook)
+    for name, new in functions.items():
+        cells = [new if f"def {name}(" in c else c for c in cells]
+    return cells
 
 
 def connects(port: int) -> str:
@@ -102,6 +157,14 @@ def distributed_class(tmp_path_factory):
         + [RANK_ONE_LEAVES],
         "fakes_all_reduce": [*sources(NOTEBOOK), FAKES_ALL_REDUCE],
         "fakes_the_sums": replacing("ring_allreduce", FAKES_THE_SUMS, NOTEBOOK),
+        "scales_first": replacing_each(
+            NOTEBOOK,
+            average_gradients=SCALES_FIRST,
+            average_gradients_bucketed=BUCKETS_TOO_BIG,
+            train_ddp=WHOLE_BATCH_PER_RANK,
+        ),
+        "skips_a_collective": replacing("evaluate_accuracy_distributed", RANK_ZERO_SKIPS, NOTEBOOK),
+        "deadlocks": replacing("evaluate_accuracy_distributed", EVERY_RANK_SENDS_FIRST, NOTEBOOK),
     }
     for name, cells in students.items():
         write_notebook(root / "submitted" / name / MANIFEST.assignment / NOTEBOOK, *cells)
@@ -196,6 +259,70 @@ def test_changing_the_grader_inside_a_rank_fails_the_runs_there(distributed_clas
     assert "changed the grader's own code or torch" in said
     assert "grader.checks.ring_allreduce.all_reduce" in said
     others_full(sub, "ring_allreduce")
+
+
+def checks_of(sub, exercise) -> dict[str, dict]:
+    (found,) = [e for e in sub["exercises"] if e["name"] == exercise]
+    return {c["name"]: c for c in found["checks"]}
+
+
+def test_a_gradient_scaled_in_place_before_its_all_reduce_is_still_that_gradient(
+    distributed_class,
+):
+    """The calls are known by the tensor passed, whatever its values: `grad.div_(world)`,
+    then `all_reduce(grad)`, one call per parameter, is right."""
+    sub = distributed_class["report"]["scales_first"]
+    assert scores(sub)["average_gradients"] == POINTS["average_gradients"]
+
+
+def test_a_bucket_over_the_limit_is_named_and_costs_one_check(distributed_class):
+    """The bucket holds the gradients it really held, and is over the limit; the counts of
+    calls, wrong for the same cause, keep their points and say why."""
+    sub = distributed_class["report"]["scales_first"]
+    checks = checks_of(sub, "average_gradients_bucketed")
+    over = checks["no_bucket_over_the_limit"]
+    assert not over["passed"] and "(grad 5, grad 4, grad 3, grad 2)" in over["message"]
+    for name in ("one_all_reduce_per_bucket", "right_means_and_bucket_count_with_another_size"):
+        assert checks[name]["passed"], checks[name]
+        assert "`no_bucket_over_the_limit` charges for the same cause" in checks[name]["message"]
+    assert scores(sub)["average_gradients_bucketed"] == POINTS["average_gradients_bucketed"] - 1
+
+
+def test_a_rank_batch_of_the_global_size_costs_the_share_check_alone(distributed_class):
+    sub = distributed_class["report"]["scales_first"]
+    checks = checks_of(sub, "train_ddp")
+    assert [n for n, c in checks.items() if not c["passed"]] == [
+        "each_rank_takes_its_share_of_the_global_batch"
+    ]
+    assert (
+        "charges for the same cause" in checks["matches_one_process_with_other_settings"]["message"]
+    )
+
+
+def test_a_skipped_collective_costs_the_collective_checks_not_the_eval_mode(distributed_class):
+    """Rank 0 skips the all_reduce: the others wait, and the checks of the result fail; the
+    eval mode is judged on rank 0, which returned, and passes."""
+    sub = distributed_class["report"]["skips_a_collective"]
+    checks = checks_of(sub, "evaluate_accuracy_distributed")
+    assert not checks["every_rank_returns_the_accuracy_of_the_whole_set"]["passed"]
+    assert (
+        "skipped a call that the others made"
+        in checks["every_rank_returns_the_accuracy_of_the_whole_set"]["message"]
+    )
+    assert checks["evaluates_in_eval_mode"]["passed"]
+    assert checks["evaluates_in_eval_mode"]["message"] == ""  # judged, on rank 0
+    others_full(sub, "evaluate_accuracy_distributed")
+
+
+def test_a_deadlock_with_no_rank_to_judge_keeps_the_other_checks_points(distributed_class):
+    sub = distributed_class["report"]["deadlocks"]
+    checks = checks_of(sub, "evaluate_accuracy_distributed")
+    assert not checks["every_rank_returns_the_accuracy_of_the_whole_set"]["passed"]
+    eval_mode = checks["evaluates_in_eval_mode"]
+    assert (
+        eval_mode["passed"] and "could not be judged: the ranks deadlocked" in eval_mode["message"]
+    )
+    others_full(sub, "evaluate_accuracy_distributed")
 
 
 # Scripts run in a fresh Python: the distributed notebook loaded from FOLDER, and a pool of

@@ -88,3 +88,42 @@ def test_narrowing_to_one_check_keeps_the_checks_it_comes_after():
     assert narrowed(checks, None) == checks
     with pytest.raises(ValueError, match="no check called nope"):
         narrowed(checks, {"nope"})
+
+
+def judged_with(owner_fails: bool, owner_after: tuple[str, ...] = ()) -> dict:
+    """Judge three checks of one case: `first` fails; `owner` fails when asked (and waits on
+    `owner_after`); `second` fails naming `owner` as the check that charges its cause."""
+    from grader.api import Context, case, check, expect
+    from grader.judge.verdicts import judge_exercise
+
+    @case
+    def nothing(student, ctx):
+        return None
+
+    def judge(fails: bool, see: str | None = None):
+        return lambda seen, ctx: expect(not fails, "it failed", "a hint", see=see)
+
+    checks = [
+        check(nothing, points=1, hint="a hint")(judge(True)),
+        check(nothing, points=2, hint="a hint", after=owner_after)(judge(owner_fails)),
+        check(nothing, points=3, hint="a hint")(judge(True, see="owner")),
+    ]
+    for c, name in zip(checks, ("first", "owner", "second"), strict=True):
+        object.__setattr__(c, "name", name)
+    result = judge_exercise("ex", "fn", checks, {"nothing": {"value": None}}, Context(0), str)
+    return {c.name: c for c in result.checks}
+
+
+def test_a_failure_whose_cause_another_check_charges_keeps_its_points():
+    verdicts = judged_with(owner_fails=True)
+    assert not verdicts["owner"].passed and verdicts["owner"].points == 0
+    second = verdicts["second"]
+    assert second.passed and second.points == 3
+    assert "`owner` charges for the same cause (it failed)" in second.message
+
+
+def test_it_fails_where_the_check_it_names_passed_or_was_not_judged():
+    assert not judged_with(owner_fails=False)["second"].passed
+    verdicts = judged_with(owner_fails=True, owner_after=("first",))
+    assert "not judged until" in verdicts["owner"].message
+    assert not verdicts["second"].passed

@@ -99,3 +99,30 @@ def allreduce(data):
     assert verdicts["writes_into_the_tensors_it_was_given"].passed
     assert verdicts["book_demo_gives_threes_on_both_devices"].passed
     assert verdicts["matches_the_reference_on_random_lists"].passed
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # PyTorch's own NotImplementedError (a Dataset without __getitem__): a crash like any
+        pytest.param(
+            "return torch.utils.data.Dataset()[0]",
+            "raised NotImplementedError: Subclasses of Dataset should implement __getitem__",
+            id="from PyTorch",
+        ),
+        # the student's own helper, still a stub: nothing is written there yet
+        pytest.param("return split_rows(X, y, devices)", "is not written yet", id="a stub"),
+    ],
+)
+def test_only_a_stubs_own_line_is_not_written_yet(body, said):
+    exercise = load_manifest().exercise("split_batch")
+    source = f"""
+def split_rows(X, y, devices):
+    raise NotImplementedError('write this function, then run its check')
+
+def split_batch(X, y, devices):
+    {body}
+"""
+    result = grade_source(exercise, source, only={"book_demo_gives_rows_0_1_and_2_3"})
+    (verdict,) = [c for c in result.checks if c.name == "book_demo_gives_rows_0_1_and_2_3"]
+    assert not verdict.passed and said in verdict.message, verdict.message

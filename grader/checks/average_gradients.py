@@ -76,16 +76,6 @@ def _whole_batch_gradients(seed: int, frozen: bool) -> list[torch.Tensor | None]
     return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
 
 
-def what_is(tensor: torch.Tensor, model: nn.Module) -> str:
-    """Name what a tensor passed to all_reduce is: "grad i", "param i" or "other"."""
-    for i, p in enumerate(model.parameters()):
-        if p.grad is not None and tensor.data_ptr() == p.grad.data_ptr():
-            return f"grad {i}"
-        if tensor.data_ptr() == p.data_ptr():
-            return f"param {i}"
-    return "other"
-
-
 def gradients_body(student, seed: int, frozen: bool = False, **arguments):
     """Return the function each rank runs: its shard forward and backward, then the student's
     function on the model, recording its calls and what each all_reduce was given."""
@@ -97,12 +87,13 @@ def gradients_body(student, seed: int, frozen: bool = False, **arguments):
         X, y = X.tensor_split(world)[rank], y.tensor_split(world)[rank]
         nn.functional.cross_entropy(net(X), y).backward()
         local = [None if p.grad is None else p.grad.clone() for p in net.parameters()]
-        before = [p.detach().clone() for p in net.parameters()]
-        with recording_calls(student.namespace, keep_inputs=("all_reduce",)) as calls:
+        params = list(net.parameters())
+
+        def describe(name: str, tensor: torch.Tensor) -> dict:
+            return {"of": held_in(tensor, params, local, world)} if name == "all_reduce" else {}
+
+        with recording_calls(student.namespace, describe=describe) as calls:
             outcome = in_rank(lambda: student.fn(net, **arguments))
-        for call in calls:
-            if call["name"] == "all_reduce" and "input" in call:
-                call["of"] = what_of(call.pop("input"), before, local)
         return {
             "grads": [
                 None if p.grad is None else p.grad.detach().clone() for p in net.parameters()
@@ -116,26 +107,64 @@ def gradients_body(student, seed: int, frozen: bool = False, **arguments):
     return body
 
 
-def what_of(values: torch.Tensor, params: list, grads: list) -> list[str]:
-    """Name the parameters or gradients whose values a flat all_reduce input holds, in order:
-    "grad i" or "param i" (by value, as a bucket is a copy)."""
-    flat = values.flatten()
+def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
+    """Return where a tensor's elements lie: its storage's address, and the first and last
+    byte (past the end) that it spans there."""
+    size = t.element_size()
+    first = t.storage_offset() * size
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return t.untyped_storage().data_ptr(), first, first + (span * size if t.numel() else 0)
+
+
+def held_in(tensor: torch.Tensor, params: list, local: list, world: int) -> list[str]:
+    """Name what a tensor given to all_reduce holds, in order: "grad i", "param i" or "other".
+
+    By memory first: the gradients (as they are at the time of the call: a student may have
+    made them views of a bucket) and the weights whose elements lie in the tensor's memory, so
+    that a gradient scaled in place before the call is still itself. Failing that, by value,
+    for a bucket that is a copy: each slice is matched with a gradient as it is now, as it was
+    after backward, or that divided by the world size (a bucket scaled before the call)."""
+    where, lo, hi = _byte_range(tensor)
+    inside = []
+    for i, p in enumerate(params):
+        for kind, t in (("grad", p.grad), ("param", p)):
+            if t is None or not t.numel():
+                continue
+            at, first, last = _byte_range(t)
+            if at == where and lo <= first and last <= hi:
+                inside.append((first, f"{kind} {i}"))
+    if inside:
+        return [name for _, name in sorted(inside)]
+    return held_by_value(tensor, params, local, world)
+
+
+def held_by_value(tensor: torch.Tensor, params: list, local: list, world: int) -> list[str]:
+    """Name, slice by slice, the gradients or weights whose values a copied tensor holds."""
+    flat = tensor.detach().flatten()
+    candidates = []  # (name, values, exact)
+    for i, (p, mine) in enumerate(zip(params, local, strict=True)):
+        if p.grad is not None:
+            candidates.append((f"grad {i}", p.grad.detach().flatten(), True))
+        if mine is not None:
+            candidates += [
+                (f"grad {i}", mine.flatten(), True),
+                (f"grad {i}", mine.flatten() / world, False),
+            ]
+        candidates.append((f"param {i}", p.detach().flatten(), True))
     names, offset = [], 0
     while offset < flat.numel():
-        for kind, tensors in (("grad", grads), ("param", params)):
-            found = next(
-                (
-                    i
-                    for i, t in enumerate(tensors)
-                    if t is not None
-                    and offset + t.numel() <= flat.numel()
-                    and torch.equal(flat[offset : offset + t.numel()], t.flatten().to(flat.dtype))
-                ),
-                None,
-            )
-            if found is not None:
-                names.append(f"{kind} {found}")
-                offset += tensors[found].numel()
+        for name, values, exact in candidates:
+            piece = flat[offset : offset + values.numel()]
+            if piece.numel() != values.numel() or not values.numel():
+                continue
+            values = values.to(piece.dtype)
+            if (
+                torch.equal(piece, values)
+                if exact
+                else torch.allclose(piece, values, rtol=1e-6, atol=0.0)
+            ):
+                names.append(name)
+                offset += values.numel()
                 break
         else:
             names.append("other")
@@ -246,8 +275,6 @@ def one_all_reduce_per_parameter(seen, ctx):
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
-    if "AVG" in raised.message and "loo" in raised.message:
-        return "Gloo has no ReduceOp.AVG: all_reduce with the default SUM, then divide."
     if "NoneType" in raised.message or "Expected parameter `tensor`" in raised.message:
         return (
             "A frozen parameter (requires_grad False) has no gradient: param.grad is None. "

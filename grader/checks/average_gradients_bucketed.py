@@ -126,6 +126,7 @@ def one_all_reduce_per_bucket(seen, ctx):
                 if count > wanted
                 else "The buckets hold too much: a bucket is full at bucket_mb * 2**20 bytes "
                 "(a gradient takes numel() * element_size() bytes).",
+                see=None if count > wanted else "no_bucket_over_the_limit",  # too few: too big
             )
 
 
@@ -155,14 +156,19 @@ def one_all_reduce_with_the_default_size(seen, ctx):
 def no_bucket_over_the_limit(seen, ctx):
     """No all_reduce carries more than bucket_mb MiB, unless it holds a single gradient."""
     limit = SMALL_MB * 2**20
+    sizes = {p.numel() for p in grad_model(0).parameters()}
     for n, ranks in groups_finished(seen):
         for rank, result in enumerate(ranks):
             for call in reduced(result):
-                nbytes = call.get("numel", 0) * 4
+                held = call.get("of", ["other"])
+                alone = held != ["other"] and len(held) == 1
+                if held == ["other"]:  # not recognised: one gradient's size at most
+                    alone = call.get("numel", 0) in sizes
                 expect(
-                    nbytes <= limit or len(call.get("of", [])) == 1,
-                    f"with {n} processes, rank {rank} reduced a bucket of {nbytes} bytes "
-                    f"({', '.join(call.get('of', []))}); the limit is {limit:.0f} bytes",
+                    call.get("nbytes", 0) <= limit or alone,
+                    f"with {n} processes, rank {rank} reduced a bucket of "
+                    f"{call.get('nbytes', 0)} bytes ({', '.join(held)}); the limit is "
+                    f"{limit:.0f} bytes",
                 )
 
 

@@ -14,7 +14,13 @@ import torch.distributed as dist
 from torch import nn
 
 from grader.api import case, check, error_hints, expect, returned
-from grader.ranks import groups_finished, in_every_size, in_rank, recording_calls
+from grader.ranks import (
+    groups_finished,
+    in_every_size,
+    in_rank,
+    ranks_that_returned,
+    recording_calls,
+)
 
 COUNT_HINT = (
     "Count on each rank: the correct predictions (d2l.accuracy) and the number of examples, "
@@ -180,9 +186,12 @@ def returns_a_python_float(seen, ctx):
     "does: dropout and batch norm behave differently while training.",
 )
 def evaluates_in_eval_mode(seen, ctx):
-    """Every forward pass runs with the network in evaluation mode."""
-    for n, ranks in groups_finished(seen):
-        for rank, result in enumerate(ranks):
+    """Every forward pass runs with the network in evaluation mode (judged on the ranks that
+    returned: a deadlock is charged by every_rank_returns_the_accuracy_of_the_whole_set)."""
+    for n, ranks in ranks_that_returned(
+        seen, see="every_rank_returns_the_accuracy_of_the_whole_set"
+    ):
+        for rank, result in ranks.items():
             modes = result["modes"]
             expect(
                 modes and not any(modes),

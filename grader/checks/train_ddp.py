@@ -3,11 +3,14 @@ training with DistributedDataParallel, a DistributedSampler and SGD in every ran
 
 Each case runs in groups of 2, 3 and 4 processes (grader.ranks). Every rank gets a small
 network (a different one on each rank: DDP's first broadcast must make them equal), a small
-dataset that notes which examples are fetched, and a global batch of 24. The checks then
-replay the run in the grader's own process: one network, from the weights the ranks started
-with, trained with plain SGD on the global batches the ranks saw together (each step's
-loss the mean of the ranks' losses, as DDP's averaged gradients make it). Every rank must end
-with the replay's weights, as CS336's checks of a DDP run do.
+dataset, and a global batch of 24. A `RunLog` notes what reached the network: the examples of
+each training forward pass (known by their values, so loader workers, pinned memory and a
+batch read outside the loop change nothing) and the settings of each optimizer step. The
+checks then replay the run in the grader's own process: one network, from the weights the
+ranks started with, trained with SGD (the settings the ranks' optimizer used) on the global
+batches the ranks stepped on together (each step's loss the mean of the ranks' losses, as
+DDP's averaged gradients make it). Every rank must end with the replay's weights, as CS336's
+checks of a DDP run do.
 """
 
 import functools
@@ -16,14 +19,18 @@ import re
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from grader.api import case, check, error_hints, expect, expect_close, returned
-from grader.fixtures import quiet_plots, sgd_step
-from grader.ranks import apart, groups_finished, in_every_size, in_rank
+from grader.fixtures import quiet_plots
+from grader.ranks import apart, groups_finished, in_every_size, in_rank, ranks_that_returned
 from grader.sandbox.transport import SeenTensor
 
 TRAIN, TEST = 96, 48  # examples; 2, 3 and 4 ranks split both evenly
 BATCH, EPOCHS, LR = 24, 2, 0.5
+# What torch.optim.SGD's settings are, and their defaults: the replay takes the same steps.
+SGD_SETTINGS = {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
+DEADLOCK_OWNER = "ranks_end_with_identical_parameters"  # charges a run that never ends
 
 
 def ddp_net(seed: int) -> nn.Sequential:
@@ -46,48 +53,72 @@ def dataset_tensors(seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return sets
 
 
-class NotedDataset(torch.utils.data.Dataset):
-    """A dataset of (input, label) pairs that notes each example handed out."""
-
-    def __init__(self, X: torch.Tensor, y: torch.Tensor, tag: str, log: list) -> None:
-        self.X, self.y, self.tag, self.log = X, y, tag, log
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, index):
-        self.log.append((self.tag, int(index)))
-        return self.X[index], self.y[index]
-
-
 def state(net: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
 
 
+class RunLog:
+    """Notes a rank's training run as it reaches the network and the optimizer, whatever
+    loads the data: for each forward pass, the mode, whether gradients were on, the batch
+    size and the training examples in it (found by their values: -1 for an input that is no
+    example of `X`); for each optimizer step, the optimizer and its settings. Also keeps the
+    weights at the first training pass. `close()` stops noting optimizer steps (a hook of all
+    of torch.optim)."""
+
+    def __init__(self, net: nn.Module, X: torch.Tensor) -> None:
+        self.log: list[dict] = []
+        self.first: dict[str, torch.Tensor] = {}
+        index = {row.numpy().tobytes(): i for i, row in enumerate(X.to(torch.float32))}
+
+        def note_forward(module, inputs):
+            batch = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+            training = bool(module.training) and torch.is_grad_enabled()
+            examples = []
+            if training and batch is not None:
+                rows = batch.detach().to("cpu", torch.float32).contiguous()
+                examples = [index.get(row.numpy().tobytes(), -1) for row in rows]
+            size = int(len(batch)) if batch is not None else 0
+            self.log.append(
+                {"event": "forward", "training": training, "size": size, "examples": examples}
+            )
+            if training and not self.first:
+                self.first.update(state(module))
+
+        def note_step(optimizer, args, kwargs):
+            group = optimizer.param_groups[0] if optimizer.param_groups else {}
+            settings = {k: group.get(k) for k in ("lr", *SGD_SETTINGS, "maximize")}
+            settings = {
+                k: float(v) if isinstance(v, int | float | torch.Tensor) else v
+                for k, v in settings.items()
+            }
+            self.log.append({"event": "step", "optimizer": type(optimizer).__name__, **settings})
+
+        net.register_forward_pre_hook(note_forward)
+        self._step_hook = register_optimizer_step_pre_hook(note_step)
+
+    def close(self) -> None:
+        self._step_hook.remove()
+
+
 def training_body(student, seed: int, num_epochs: int, batch_size: int, lr: float):
-    """Return what each rank runs: the student's train_ddp on noted data, recording the
-    examples each training step used, the weights at the first step and at the end."""
+    """Return what each rank runs: the student's train_ddp on the checks' data, noting the run
+    (see RunLog) and the weights at the end."""
 
     def body():
         rank = dist.get_rank()
         torch.manual_seed(seed * 13 + rank)  # ranks start from different random states
         net = ddp_net(seed + rank)
-        log: list = []
-        first: dict = {}
-
-        def note_forward(module, inputs):
-            log.append(("forward", bool(module.training), int(len(inputs[0]))))
-            if module.training and not first:
-                first.update(state(module))
-
-        net.register_forward_pre_hook(note_forward)
         sets = dataset_tensors(seed)
+        run = RunLog(net, sets["train"][0])
         data = (
-            NotedDataset(*sets["train"], "train", log),
-            NotedDataset(*sets["test"], "test", log),
+            torch.utils.data.TensorDataset(*sets["train"]),
+            torch.utils.data.TensorDataset(*sets["test"]),
         )
-        with quiet_plots(student, []):
-            outcome = in_rank(lambda: student.fn(net, num_epochs, batch_size, lr, data=data))
+        try:
+            with quiet_plots(student, []):
+                outcome = in_rank(lambda: student.fn(net, num_epochs, batch_size, lr, data=data))
+        finally:
+            run.close()
         history = outcome["returned"]
         outcome["returned"] = (
             [float(a) for a in history]
@@ -95,7 +126,7 @@ def training_body(student, seed: int, num_epochs: int, batch_size: int, lr: floa
             and all(isinstance(a, int | float | torch.Tensor) for a in history)
             else {"type": type(history).__name__}
         )
-        return {**outcome, "log": log, "first": first, "final": state(net)}
+        return {**outcome, "log": run.log, "first": run.first, "final": state(net)}
 
     return body
 
@@ -120,25 +151,42 @@ def training_run(student, ctx, num_epochs: int = EPOCHS, batch_size: int = BATCH
 # ---- judging ------------------------------------------------------------------------------
 
 
-def training_steps(log: list) -> list[list[int]]:
-    """Return the training examples each training forward pass used, in order (the examples
-    fetched since the pass before)."""
-    steps, fetched = [], []
-    for event in log:
-        if event[0] == "train":
-            fetched.append(int(event[1]))
-        elif event[0] == "forward":
-            if event[1]:
-                steps.append(fetched)
-            fetched = []
+def training_steps(log: list[dict]) -> list[list[int]]:
+    """Return the training examples of each optimizer step, in order: those of the training
+    forward passes (with gradients on) since the step before. A run that noted no optimizer
+    step (one that updates the weights itself) counts each such pass as a step."""
+    stepped = any(e["event"] == "step" for e in log)
+    steps, pending = [], []
+    for e in log:
+        if e["event"] == "forward" and e["training"]:
+            if stepped:
+                pending += e["examples"]
+            else:
+                steps.append(list(e["examples"]))
+        elif e["event"] == "step":
+            steps.append(pending)
+            pending = []
     return steps
 
 
-def epochs_of(log: list, num_epochs: int) -> list[list[int]]:
+def step_sizes(log: list[dict]) -> list[int]:
+    """Return the batch sizes of the training forward passes."""
+    return sorted({e["size"] for e in log if e["event"] == "forward" and e["training"]})
+
+
+def epochs_of(log: list[dict], num_epochs: int) -> list[list[int]]:
     """Return the training examples of each epoch, cutting the steps into equal parts."""
     steps = training_steps(log)
     per = max(1, len(steps) // num_epochs)
     return [sum(steps[e * per : (e + 1) * per], []) for e in range(num_epochs)]
+
+
+def sgd_settings(log: list[dict]) -> dict:
+    """Return the settings of torch.optim.SGD that the run's first optimizer step used (the
+    defaults where it noted none)."""
+    step = next((e for e in log if e["event"] == "step"), {})
+    found = {k: step.get(k, default) for k, default in SGD_SETTINGS.items()}
+    return {k: v if v is not None else SGD_SETTINGS[k] for k, v in found.items()}
 
 
 def plain_state(saved: dict) -> dict[str, torch.Tensor]:
@@ -160,15 +208,45 @@ def replay_on(
 ) -> nn.Module:
     """Train `net` in this one process as a group of ranks did: from rank 0's weights at its
     first step, on the examples each rank used at each step (each step's loss the mean of the
-    ranks' mean losses), with plain SGD; return it."""
+    ranks' mean losses), with SGD at `lr` and the other settings the ranks' optimizer had
+    (momentum, weight decay); return it."""
     net.load_state_dict(plain_state(ranks[0]["first"]))
     steps = [training_steps(r["log"]) for r in ranks]
+    settings, momentum = sgd_settings(ranks[0]["log"]), {}
     for shares in zip(*steps, strict=False):
+        if not any(shares):
+            continue
         net.zero_grad()
         losses = [nn.functional.cross_entropy(net(X[idx]), y[idx]) for idx in shares if idx]
         (sum(losses) / len(shares)).backward()
-        sgd_step(net.parameters(), lr)
+        sgd_update(list(net.parameters()), lr, momentum, **settings)
     return net
+
+
+def sgd_update(
+    params: list[torch.Tensor],
+    lr: float,
+    buffers: dict[int, torch.Tensor],
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+) -> None:
+    """Take one step of torch.optim.SGD's rule with these settings (its defaults: plain SGD),
+    written out: building an optimizer in the judge's process would import torch._dynamo (a
+    second). `buffers` keeps each parameter's momentum between steps, by position."""
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if p.grad is None:
+                continue
+            grad = p.grad.add(p, alpha=weight_decay) if weight_decay else p.grad
+            if momentum:
+                if i not in buffers:
+                    buffers[i] = grad.clone()
+                else:
+                    buffers[i].mul_(momentum).add_(grad, alpha=1 - dampening)
+                grad = grad.add(buffers[i], alpha=momentum) if nesterov else buffers[i]
+            p.add_(grad, alpha=-lr)
 
 
 def test_accuracy(weights: dict, seed: int) -> float:
@@ -186,6 +264,46 @@ def finished_runs(seen) -> list[tuple[int, list[dict]]]:
         for rank in ranks:
             returned(rank)
     return groups
+
+
+def returned_ranks(seen) -> list[tuple[int, dict[int, dict]]]:
+    """For the checks of what each rank does on its own (its share, its sampler, its first
+    weights): the ranks that returned, where a group deadlocked (see ranks_that_returned)."""
+    return ranks_that_returned(seen, see=DEADLOCK_OWNER)
+
+
+def expect_the_given_optimizer(ranks: list[dict], n: int, lr: float) -> None:
+    """Fail unless the ranks stepped with torch.optim.SGD at learning rate `lr` and trained on
+    examples of the training set, as the replay assumes."""
+    for rank, result in enumerate(ranks):
+        for e in result["log"]:
+            if e["event"] != "step":
+                continue
+            expect(
+                e["optimizer"] == "SGD",
+                f"with {n} processes, rank {rank} stepped with torch.optim.{e['optimizer']}; "
+                "the task asks for torch.optim.SGD",
+                "Train with torch.optim.SGD(model.parameters(), lr), as the book does.",
+            )
+            expect(
+                e.get("maximize") in (None, False),
+                f"with {n} processes, rank {rank}'s SGD maximizes the loss (maximize=True)",
+            )
+            expect(
+                e["lr"] is not None and abs(e["lr"] - lr) <= 1e-9 * max(1.0, abs(lr)),
+                f"with {n} processes, rank {rank}'s optimizer stepped with learning rate "
+                f"{e['lr']:g}; the task gives lr={lr:g}",
+                "Give the optimizer the lr that train_ddp was called with, unchanged (no "
+                "scaling by the number of processes, no schedule).",
+            )
+        unknown = sum(idx < 0 for step in training_steps(result["log"]) for idx in step)
+        expect(
+            not unknown,
+            f"with {n} processes, {unknown} of the inputs that reached rank {rank}'s network "
+            "were not examples of the training set as given (changed on the way?)",
+            "Feed the network the batches of the training DataLoader as they come, moved to "
+            "the device and nothing else.",
+        )
 
 
 @check(
@@ -218,6 +336,7 @@ def matches_one_process_on_the_same_global_batches(seen, ctx):
     """The weights equal one process's, trained by SGD on the global batches the ranks saw."""
     for n, ranks in finished_runs(seen):
         expect(ranks[0]["first"], f"with {n} processes, no training step ran")
+        expect_the_given_optimizer(ranks, n, LR)
         single = replay(ranks, ctx.seed, LR)
         for name, value in single.items():
             expect_close(
@@ -237,18 +356,18 @@ def matches_one_process_on_the_same_global_batches(seen, ctx):
 )
 def each_rank_trains_on_its_own_shard(seen, ctx):
     """In each epoch, the ranks' training examples do not overlap and cover the set."""
-    for n, ranks in finished_runs(seen):
-        epochs = [epochs_of(r["log"], EPOCHS) for r in ranks]
+    for n, ranks in returned_ranks(seen):
+        epochs = {r: epochs_of(result["log"], EPOCHS) for r, result in ranks.items()}
         for e in range(EPOCHS):
-            shares = [set(per[e]) for per in epochs]
+            shares = [set(per[e]) for per in epochs.values()]
             together = set().union(*shares)
             expect(
                 sum(map(len, shares)) == len(together),
                 f"with {n} processes, in epoch {e + 1} the ranks trained on the same examples "
-                f"({sum(map(len, shares))} fetched, {len(together)} different)",
+                f"({sum(map(len, shares))} used, {len(together)} different)",
             )
             expect(
-                len(together) == TRAIN,
+                len(ranks) < n or len(together) == TRAIN,  # (all the ranks: a deadlock left some)
                 f"with {n} processes, epoch {e + 1} used {len(together)} of {TRAIN} examples",
             )
 
@@ -261,9 +380,9 @@ def each_rank_trains_on_its_own_shard(seen, ctx):
 )
 def each_rank_takes_its_share_of_the_global_batch(seen, ctx):
     """Each training step of a rank uses batch_size / world_size examples."""
-    for n, ranks in finished_runs(seen):
-        for rank, result in enumerate(ranks):
-            sizes = sorted({e[2] for e in result["log"] if e[0] == "forward" and e[1]})
+    for n, ranks in returned_ranks(seen):
+        for rank, result in ranks.items():
+            sizes = step_sizes(result["log"])
             expect(
                 sizes == [BATCH // n],
                 f"with {n} processes and batch_size={BATCH}, rank {rank}'s steps took {sizes} "
@@ -280,8 +399,8 @@ def each_rank_takes_its_share_of_the_global_batch(seen, ctx):
 )
 def shuffles_differently_each_epoch(seen, ctx):
     """Each rank sees its examples in another order in the second epoch than in the first."""
-    for n, ranks in finished_runs(seen):
-        for rank, result in enumerate(ranks):
+    for n, ranks in returned_ranks(seen):
+        for rank, result in ranks.items():
             first, second = epochs_of(result["log"], EPOCHS)[:2]
             expect(
                 first != second,
@@ -298,9 +417,10 @@ def shuffles_differently_each_epoch(seen, ctx):
 )
 def initialises_weights_as_the_book(seen, ctx):
     """At the first step, the linear layers' weights have a standard deviation near 0.01."""
-    for n, ranks in finished_runs(seen):
-        weights = plain_state(ranks[0]["first"])
-        expect(weights, f"with {n} processes, no training step ran")
+    for n, ranks in returned_ranks(seen):
+        rank = min(ranks)
+        weights = plain_state(ranks[rank]["first"])
+        expect(weights, f"with {n} processes, rank {rank} took no training step")
         for name in ("1.weight", "3.weight"):
             spread = float(weights[name].std())
             expect(
@@ -347,18 +467,17 @@ SUMMARY = re.compile(r"test acc:?\s*[0-9.]+.*sec/epoch", re.IGNORECASE)
 )
 def rank_zero_alone_prints_the_summary(seen, ctx):
     """Rank 0 prints `test acc: ..., ... sec/epoch ...`; the other ranks print no summary."""
-    finished_runs(seen)
-    for group in seen:
-        n, outputs = group["world_size"], group["outputs"]
-        expect(
-            bool(SUMMARY.search(outputs[0])),
-            f"with {n} processes, rank 0 printed no summary line: {outputs[0][-200:]!r}",
-        )
-        for rank, text in enumerate(outputs[1:], start=1):
-            expect(
-                not SUMMARY.search(text),
-                f"with {n} processes, rank {rank} printed a summary line too",
-            )
+    outputs = {g["world_size"]: g["outputs"] for g in seen}
+    for n, ranks in returned_ranks(seen):
+        for rank in ranks:
+            printed = bool(SUMMARY.search(outputs[n][rank]))
+            if rank == 0:
+                expect(
+                    printed,
+                    f"with {n} processes, rank 0 printed no summary line: {outputs[n][0][-200:]!r}",
+                )
+            else:
+                expect(not printed, f"with {n} processes, rank {rank} printed a summary line too")
 
 
 @error_hints

@@ -34,7 +34,7 @@ def common_hint(raised: Raised, function: str) -> str | None:
             "The code asked for more memory than a grading process may use; the checks "
             "need only small tensors, so look for a size that grows out of hand."
         )
-    if raised.type == "NotImplementedError":
+    if raised.stub:
         return (
             f"Replace `raise NotImplementedError` in `{function}` with your code, then check again."
         )
@@ -52,7 +52,7 @@ def common_hint(raised: Raised, function: str) -> str | None:
 
 def error_message(raised: Raised, function: str) -> str:
     """Describe an exception from the student's code in one line."""
-    if raised.type == "NotImplementedError":
+    if raised.stub:
         return f"`{function}` is not written yet: it still raises NotImplementedError"
     if raised.type == "MissingFunction":
         return raised.message
@@ -76,10 +76,13 @@ def reference_time(outcome: dict) -> str:
 
 @dataclass
 class Verdict:
-    """A check's result, and the crash that decided it (if one did)."""
+    """A check's result, the crash that decided it (if one did), and the check that owns the
+    cause of its failure (if it named one: see grader.api.Fail)."""
 
     result: CheckResult
     crash: Raised | None = None
+    see: str | None = None
+    judged: bool = True  # False: not judged at all (no outcome, or an `after` check failed)
 
 
 def judge_check(
@@ -110,10 +113,14 @@ def judge_check(
         return failed(error_message(raised, function), hint, raised)
 
     if outcome is None:
-        return failed(missing or "this check's case did not run", None)
+        verdict = failed(missing or "this check's case did not run", None)
+        verdict.judged = False
+        return verdict
     for before in check.after:
         if not verdicts.get(before, False):
-            return failed(f"not judged until `{before}` passes", f"Fix `{before}` first.")
+            verdict = failed(f"not judged until `{before}` passes", f"Fix `{before}` first.")
+            verdict.judged = False
+            return verdict
     if "stopped" in outcome:
         return failed(str(outcome["stopped"]) + reference_time(outcome), LIMIT_HINT)
     if "error" in outcome:
@@ -128,7 +135,9 @@ def judge_check(
     except Fail as fail:
         crash = raised_in(seen)
         if crash is None:
-            return failed(fail.message, fail.hint)
+            verdict = failed(fail.message, fail.hint)
+            verdict.see = fail.see
+            return verdict
         # What was recorded before the crash was not enough: say where it stopped.
         message = f"{fail.message}; `{function}` stopped early: {error_message(crash, function)}"
         hint = fail.hint or check.hint
@@ -151,14 +160,12 @@ def says_the_same(one: str, other: str) -> bool:
     return bool(mine) and len(mine & words(other)) >= 0.4 * len(mine)
 
 
-NOT_A_CRASH = ("NotImplementedError", "MissingFunction")  # nothing written: nothing blocked
-
-
 def name_what_a_crash_blocked(verdicts: list[Verdict]) -> None:
     """Add to each check failed by a crash the other checks the same crash failed."""
     groups: dict[tuple[str, str, str], list[CheckResult]] = {}
     for v in verdicts:
-        if v.crash is not None and v.crash.type not in NOT_A_CRASH:
+        # (the stub and a missing function are nothing written: they block nothing)
+        if v.crash is not None and not v.crash.stub and v.crash.type != "MissingFunction":
             key = (v.crash.type, v.crash.message, v.crash.where)
             groups.setdefault(key, []).append(v.result)
     for results in groups.values():
@@ -188,7 +195,20 @@ def judge_exercise(
         verdicts[c.name] = verdict.result.passed
         judged.append(verdict)
     name_what_a_crash_blocked(judged)
+    paid_once(judged)
     return exercise_result(exercise_id, [v.result for v in judged], notes)
+
+
+def paid_once(judged: list[Verdict]) -> None:
+    """Give its points back to each check that failed for a cause another check owns, where
+    that check was judged and failed for a cause of its own; its message says which (see
+    grader.api.Fail)."""
+    charged = {v.result.name for v in judged if not v.result.passed and v.judged and not v.see}
+    for v in judged:
+        if v.see is not None and v.see in charged:
+            r = v.result
+            r.passed, r.points, r.hint = True, r.max_points, ""
+            r.message = f"kept its points: `{v.see}` charges for the same cause ({r.message})"
 
 
 def judge_reported(

@@ -69,3 +69,9 @@ bucket_size_in_megabits = Mistake(
     fails="one_all_reduce_per_bucket",
     hint_mentions="bucket_mb * 2**20 bytes",
 )
+
+closes_a_bucket_once_it_is_over_the_limit = Mistake(
+    source=variant(TEMPLATE, RIGHT, FULL="size > limit"),
+    fails="no_bucket_over_the_limit",
+    hint_mentions="would take the current one past",
+)

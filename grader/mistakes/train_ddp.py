@@ -92,3 +92,21 @@ every_rank_prints = Mistake(
     fails="rank_zero_alone_prints_the_summary",
     hint_mentions="rank 0 only",
 )
+
+scales_the_learning_rate_with_the_world = Mistake(
+    source=variant(TEMPLATE, RIGHT).replace(
+        "torch.optim.SGD(model.parameters(), lr)", "torch.optim.SGD(model.parameters(), lr * world)"
+    ),
+    fails="matches_one_process_on_the_same_global_batches",
+    hint_mentions="the lr that train_ddp was called with",
+)
+
+evaluates_on_rank_zero_alone = Mistake(
+    source=variant(TEMPLATE, RIGHT).replace(
+        "        history.append(evaluate_accuracy_distributed(net, test_iter, device))",
+        "        if rank == 0:\n"
+        "            history.append(evaluate_accuracy_distributed(net, test_iter, device))",
+    ),
+    fails="ranks_end_with_identical_parameters",
+    hint_mentions="in the same order",
+)

@@ -34,7 +34,11 @@ def gradescope_results(result: SubmissionResult) -> dict:
     tests = []
     for number, exercise in enumerate(result.exercises, start=1):
         for sub, c in enumerate(exercise.checks, start=1):
-            output = "passed" if c.passed else f"{c.message}\nhint: {c.hint}"
+            output = (
+                ("passed" + (f"\n{c.message}" if c.message else ""))
+                if c.passed
+                else f"{c.message}\nhint: {c.hint}"
+            )
             tests.append(
                 {
                     "name": f"{exercise.name}: {c.name}",

@@ -15,7 +15,8 @@ class CheckResult:
     passed: bool
     points: float  # points earned: all of max_points or none
     max_points: float
-    message: str  # what came back against what was expected ("" when passed)
+    message: str  # what came back against what was expected ("" when passed, but for a check
+    # that kept its points because another check charges for the same cause)
     hint: str  # the likely mistake and what to do ("" when passed)
     hidden: bool = False  # hidden checks exist only on the instructor's side
 
@@ -140,10 +141,10 @@ def render_exercise(result: ExerciseResult, title: str = "") -> str:
         lines.append(
             f"  {mark} {c.name.ljust(width)}  {_points(c.points)}/{_points(c.max_points)}{tag}"
         )
-        if not c.passed:
+        if c.message:  # a failure, or a check that kept its points for another's sake
             lines.append(f"      {c.message}")
-            if c.hint:
-                lines.append(f"      hint: {c.hint}")
+        if not c.passed and c.hint:
+            lines.append(f"      hint: {c.hint}")
     return "\n".join(lines)
 
 
