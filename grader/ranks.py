@@ -245,9 +245,10 @@ def unchanged() -> Callable[[], Callable[[], bool]]:
     grader's modules, torch.distributed, the builtins: what the grading child watches in
     itself). Return what a rank calls right after its fork, which returns the test of the rank
     after a run: it raises when the run changed any of that, which fails the run, and returns
-    False when the run left the rank in another folder or with threads running, which then
-    serves no more. (A snapshot reads every module: 20 ms in a new rank, as each read copies
-    a page the rank shares with its parent, and a grade forks some 20 ranks.)"""
+    False when the run left the rank in another folder, with threads running or with child
+    processes alive (a DataLoader's workers), which then serves no more. (A snapshot reads
+    every module: 20 ms in a new rank, as each read copies a page the rank shares with its
+    parent, and a grade forks some 20 ranks.)"""
     from grader.sandbox.child import Snapshot, watched_objects
 
     before = Snapshot(watched_objects())
@@ -259,13 +260,17 @@ def unchanged() -> Callable[[], Callable[[], bool]]:
         folder, threads = os.getcwd(), threading.active_count()
 
         def test() -> bool:
+            import multiprocessing
+
             changed = before.changed()
             if changed:
                 raise Tampered(
                     f"the code changed the grader's own code or torch ({', '.join(changed)}) "
                     "in this process, so its results cannot be trusted"
                 )
-            return os.getcwd() == folder and threading.active_count() == threads
+            # (a DataLoader's workers, kept alive: persistent, or an iterator kept somewhere)
+            alive = multiprocessing.active_children()
+            return os.getcwd() == folder and threading.active_count() == threads and not alive
 
         return test
 

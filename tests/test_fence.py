@@ -1,5 +1,6 @@
 """The fence's inner layer, Python's audit hook, holds even where no namespace is allowed."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -116,3 +117,111 @@ def test_without_namespaces_the_audit_hook_still_keeps_a_submission_in(tmp_path)
     (sub,) = json.loads(out.read_text())["submissions"]
     assert sub["score"] == 11, sub["exercises"][0]["checks"]
     assert not connected
+
+
+# What a training loop's DataLoader and a student's own code try, behind the hook (each line
+# printed: what, then "allowed" with what came back, or "refused: why").
+LOADERS = """
+import multiprocessing, os, socket, sys
+from pathlib import Path
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from grader.sandbox.fence import install_audit_hook
+install_audit_hook(Path(sys.argv[1]), [])
+data = TensorDataset(torch.arange(10.0), torch.arange(10))
+
+class Forks(Dataset):  # a Dataset that, in its worker, starts a process of its own
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        os.fork()
+        return i
+
+class Connects(Forks):
+    def __getitem__(self, i):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+        return i
+
+def work():
+    pass
+
+class Mine(multiprocessing.context.ForkProcess):  # a context whose processes run my code
+    def run(self):
+        work()
+
+class MyContext(type(multiprocessing.get_context("fork"))):
+    Process = Mine
+
+def attempt(what, action):
+    try:
+        print(what, "allowed", action(), flush=True)
+    except Exception as error:
+        print(what, "refused:", " ".join(str(error).split())[:3000], flush=True)
+
+def labels(**options):
+    return [y.tolist() for _, y in DataLoader(data, batch_size=4, **options)]
+
+def start(process):
+    process.start()
+    process.join()
+
+attempt("workers", lambda: labels(num_workers=2))
+attempt("pinned", lambda: labels(num_workers=2, pin_memory=True))
+attempt("persistent", lambda: labels(num_workers=2, persistent_workers=True))
+attempt("worker_forks", lambda: list(DataLoader(Forks(), num_workers=1)))
+attempt("worker_connects", lambda: list(DataLoader(Connects(), num_workers=1)))
+attempt("process", lambda: start(multiprocessing.Process(target=work)))
+attempt("fork_process", lambda: start(multiprocessing.get_context("fork").Process(target=work)))
+attempt("my_context", lambda: labels(num_workers=1, multiprocessing_context=MyContext()))
+attempt("spawn_loader", lambda: labels(num_workers=1, multiprocessing_context="spawn"))
+attempt("spawn_process", lambda: start(multiprocessing.get_context("spawn").Process(target=work)))
+def again():
+    del sys.modules["_posixsubprocess"]
+    import _posixsubprocess
+attempt("reimport", again)
+def unix(address):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(address)
+attempt("unix_elsewhere", lambda: unix(str(Path(sys.argv[1]).parent / "elsewhere.sock")))
+attempt("unix_abstract", lambda: unix("\\0grader-test"))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaders(tmp_path_factory) -> dict[str, str]:
+    scratch = tmp_path_factory.mktemp("scratch")
+    (scratch / "tmp").mkdir()
+    proc = subprocess.run(  # the temporary folder inside the scratch one, as a child's is
+        [sys.executable, "-c", LOADERS, str(scratch)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(scratch / "tmp")},
+    )
+    return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+
+
+BATCHES = "[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]"
+
+
+@pytest.mark.parametrize("loader", ["workers", "pinned", "persistent"])
+def test_a_dataloaders_own_workers_start_and_load_every_batch(loaders, loader):
+    assert loaders[loader] == f"allowed {BATCHES}"
+
+
+@pytest.mark.parametrize(("what", "why"), [("worker_forks", "starting processes"),
+                                           ("worker_connects", "network use")])  # fmt: skip
+def test_a_worker_is_fenced_like_its_parent(loaders, what, why):
+    assert loaders[what].startswith("refused:") and f"{why} is not allowed" in loaders[what]
+
+
+@pytest.mark.parametrize(
+    "what", ["process", "fork_process", "my_context", "spawn_loader", "spawn_process", "reimport"]
+)
+def test_student_code_still_cannot_start_processes_of_its_own(loaders, what):
+    assert loaders[what].startswith("refused: starting processes is not allowed while grading")
+
+
+@pytest.mark.parametrize("what", ["unix_elsewhere", "unix_abstract"])
+def test_unix_sockets_outside_the_childs_own_folders_stay_refused(loaders, what):
+    assert loaders[what] == "refused: network use is not allowed while grading"

@@ -11,13 +11,22 @@ Two layers:
 - Python's audit hooks, always, inside the child: no sockets, no new processes, no reading
   of the private folders, no writing outside the child's own scratch folder.
 
-One exception, for the distributed exercises: the lab's launcher (`dplab.distributed`, and
-no other code) may fork the ranks of a process group. The ranks stay behind the same fence
-(they inherit its namespaces, user id, limits and audit hook), talk to each other over the
-child's own loopback (gloo's sockets), and end with their child at the latest: the launcher
-stops them when they fail, wait on each other or pass their processor-time limit, the cases of
-a notebook's exercises share them only while no case changes them (grader.ranks), and the
-grader stops the child's whole process group when it stops the child.
+Two exceptions, both forks of the child (or of its ranks) that stay behind the same fence:
+they inherit its namespaces, user id, limits and audit hook.
+- For the distributed exercises, the lab's launcher (`dplab.distributed`, and no other code)
+  may fork the ranks of a process group. They talk to each other over the child's own
+  loopback (gloo's sockets), and end with their child at the latest: the launcher stops them
+  when they fail, wait on each other or pass their processor-time limit, the cases of a
+  notebook's exercises share them only while no case changes them (grader.ranks), and the
+  grader stops the child's whole process group when it stops the child.
+- PyTorch's DataLoader may fork its worker processes (`num_workers`), as every real
+  training loop has it do: only multiprocessing's fork of torch's own worker loop, from the
+  iterator that starts the workers (`loader_worker_test`). Workers end with their loader,
+  or when their parent is gone; a rank that still has a live child after a case serves no
+  more cases. A worker hands its tensors to its parent over a Unix socket in the child's
+  own temporary folder: such sockets, and no others, are allowed.
+Other start methods (spawn, forkserver) would start a Python without the hooks, through a
+call that raises no audit event: the child refuses it (`_refuse_fork_exec`).
 
 The audit layer alone can be got round with ctypes; it is the fallback where the system
 allows no namespaces (`describe()` says which layers are on).
@@ -28,13 +37,16 @@ import os
 import resource
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
+from types import FrameType
 
 from grader.manifest import REPO, load_manifest, solutions_dir
 
@@ -379,12 +391,73 @@ class Fenced(PermissionError):
 
 
 def launcher_code() -> object:
-    """Return the code of the one function allowed to start processes in the child: the lab's
-    launcher forking a rank (taken before any student code runs, so a replacement of the
-    function, or of its code, is not it)."""
+    """Return the code of the function allowed to start the ranks of a process group in the
+    child: the lab's launcher forking a rank (taken before any student code runs, so a
+    replacement of the function, or of its code, is not it)."""
     from dplab import distributed
 
     return distributed._fork_rank.__code__
+
+
+PROCESSES_REFUSED = "starting processes is not allowed while grading"
+SPAWN_REFUSED = (
+    f"{PROCESSES_REFUSED} (a DataLoader's worker processes are, started the default way: "
+    "leave its multiprocessing_context unset)"
+)
+
+
+def loader_worker_test() -> Callable[[FrameType], bool]:
+    """Return the test of an `os.fork` (given the frame that calls it) that only PyTorch's
+    DataLoader starting a worker process passes, from objects taken now, before any student
+    code runs: the fork is multiprocessing's own (`popen_fork.Popen._launch`), of a process of
+    the standard library's default or fork class whose `run` is `BaseProcess.run`, whose target
+    is torch's worker loop with its own code, on behalf of the DataLoader iterator that starts
+    its workers. The worker runs the student's Dataset and collate function behind the fence
+    it inherits, as a rank does."""
+    from multiprocessing import context, popen_fork, process
+
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import worker
+
+    launch = popen_fork.Popen._launch.__code__
+    classes = (context.Process, context.ForkProcess)
+    run = process.BaseProcess.run
+    loop, loop_code = worker._worker_loop, worker._worker_loop.__code__
+    starts = dataloader._MultiProcessingDataLoaderIter.__init__.__code__
+
+    def test(frame: FrameType) -> bool:
+        if frame.f_code is not launch:
+            return False
+        started = frame.f_locals.get("process_obj")
+        if type(started) not in classes or type(started).run is not run:
+            return False
+        target = vars(started).get("_target")
+        if target is not loop or loop.__code__ is not loop_code:
+            return False
+        caller = frame.f_back
+        for _ in range(8):  # Popen.__init__, the context's _Popen, Process.start, ...
+            if caller is None:
+                return False
+            if caller.f_code is starts:
+                return True
+            caller = caller.f_back
+        return False
+
+    return test
+
+
+def _refuse_fork_exec() -> None:
+    """Make `_posixsubprocess.fork_exec` refuse. It starts a new program and raises no audit
+    event: multiprocessing's spawn and forkserver start methods reach it without passing
+    os.fork or subprocess.Popen, and the new Python would run without this child's hooks.
+    The replacement keeps no reference to the original; the hook refuses to import the module
+    afresh, which would give the original back."""
+    import _posixsubprocess
+
+    def fork_exec(*args: object, **kwargs: object) -> None:
+        raise Fenced(SPAWN_REFUSED)
+
+    _posixsubprocess.fork_exec = fork_exec
 
 
 def _as_prefixes(roots: list[Path]) -> list[tuple[str, str]]:
@@ -394,10 +467,13 @@ def _as_prefixes(roots: list[Path]) -> list[tuple[str, str]]:
 
 def install_audit_hook(scratch: Path, private: list[Path]) -> None:
     """Refuse network use, new processes, reading private folders and writing elsewhere (but
-    let the lab's launcher fork the ranks of a process group: see the module docstring)."""
+    let the lab's launcher fork the ranks of a process group, and PyTorch's DataLoader its
+    worker processes: see the module docstring)."""
     allowed = _as_prefixes([scratch.resolve(), Path("/dev")])
     private = _as_prefixes(private)
     fork_rank = launcher_code()
+    starts_a_loader_worker = loader_worker_test()
+    _refuse_fork_exec()
 
     def under(path, roots: list[tuple[str, str]]) -> bool:
         """Return True if `path`, its links followed, is one of `roots` or inside one."""
@@ -407,13 +483,36 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
             return False
         return any(resolved == root or resolved.startswith(inside) for root, inside in roots)
 
+    def own_unix_socket(event: str, args: tuple) -> bool:
+        """Return True for a Unix socket bound or connected to a path in the child's own
+        folders, or a message sent on one already connected: it reaches the child's own
+        processes alone (a DataLoader's workers hand their tensors over one)."""
+        sock, address = (list(args) + [None, None])[:2]
+        if getattr(sock, "family", None) != socket.AF_UNIX:
+            return False
+        if address is None:  # sending on a connected socket (writing to it is not audited)
+            return event in ("socket.sendmsg", "socket.sendto")
+        return (
+            event in ("socket.bind", "socket.connect", "socket.sendmsg", "socket.sendto")
+            and isinstance(address, str | bytes)
+            and address[:1] not in ("", "\0", b"\0")  # (abstract addresses are not files)
+            and under(address, allowed)
+        )
+
     def hook(event: str, args: tuple) -> None:
         if event in _NETWORK:
+            if own_unix_socket(event, args):
+                return
             raise Fenced("network use is not allowed while grading")
         if event in _PROCESSES:
-            if event == "os.fork" and sys._getframe(1).f_code is fork_rank:
-                return
-            raise Fenced("starting processes is not allowed while grading")
+            if event == "os.fork":
+                caller = sys._getframe(1)
+                if caller.f_code is fork_rank or starts_a_loader_worker(caller):
+                    return
+            raise Fenced(PROCESSES_REFUSED)
+        if event == "import" and args and args[0] == "_posixsubprocess":
+            if "_posixsubprocess" not in sys.modules:  # afresh: the original fork_exec
+                raise Fenced(SPAWN_REFUSED)
         if event == "open" and args and isinstance(args[0], str | bytes | os.PathLike):
             path, mode, flags = (list(args) + [None, 0])[:3]
             if under(path, private):
