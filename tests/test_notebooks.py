@@ -134,23 +134,34 @@ def helpers_defined(source: str) -> set[str]:
 
 
 def students_names(notebook: str) -> set[str]:
-    """Return the helpers a student's exercise cells may define: the book's (students copy
-    d2l's code into their cells), and those the exercise cells define in the reference and in
-    the outside-style submissions of tests/outside/, written in real habits (such as the
-    `accuracy(output, target, topk)` helper of PyTorch's ImageNet example)."""
+    """Return the helpers a student's cells may define: the book's (students copy d2l's code
+    into their cells), those of the reference's exercise cells, and, in the outside-style
+    submissions of tests/outside/ (written in real habits), what the exercise cells define and
+    the helpers of other cells that they call (such as the `accuracy(output, target, topk)`
+    of PyTorch's ImageNet example)."""
     import dplab
 
-    functions = {ex.function for ex in MANIFEST.in_notebook(notebook)}
     names = set(dplab.__all__)
     cells = cells_by_grade_id(SOLUTIONS / notebook)
     for ex in MANIFEST.in_notebook(notebook):
         names |= helpers_defined("".join(cells[f"{ex.id}-solution"]["source"]))
+    functions = {ex.function for ex in MANIFEST.in_notebook(notebook)}
     for script in OUTSIDE.glob(f"*/{notebook.replace('.ipynb', '.py')}"):
-        for cell in script.read_text(encoding="utf-8").split("# %%")[1:]:
-            defined = helpers_defined(cell.partition("\n")[2])
-            if defined & functions:
-                names |= defined
+        cells = [c.partition("\n")[2] for c in script.read_text(encoding="utf-8").split("# %%")]
+        exercises = [c for c in cells[1:] if helpers_defined(c) & functions]
+        called = set().union(*(names_used(c) for c in exercises))
+        for cell in cells[1:]:
+            defined = helpers_defined(cell)
+            names |= defined if cell in exercises else defined & called
     return names
+
+
+def names_used(source: str) -> set[str]:
+    """Return the names a cell's code reads."""
+    import ast
+
+    tree = ast.parse(source)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 @pytest.mark.parametrize("notebook", MANIFEST.notebooks)
