@@ -74,21 +74,8 @@ WHOLE_BATCH_PER_RANK = mistakes_of(MANIFEST.exercise("train_ddp"))[
     "local_batch_of_the_global_size"
 ].source
 
-# Rank 0 believes it has the total already and skips the all_reduce the others make.
-RANK_ZERO_SKIPS = """
-def evaluate_accuracy_distributed(net, test_iter, device):
-    net.eval()
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
-    with torch.no_grad():
-        for X, y in test_iter:
-            counts[0] += d2l.accuracy(net(X.to(device)), y.to(device))
-            counts[1] += len(y)
-    if dist.get_rank() != 0:
-        dist.all_reduce(counts)
-    return float(counts[0] / counts[1])
-"""
-# Every rank sends its counts first: no rank ever returns.
-EVERY_RANK_SENDS_FIRST = """
+# An evaluation that counts right and reduces the counts in its own way (<<REDUCE>>).
+COUNTS_THEN = """
 def evaluate_accuracy_distributed(net, test_iter, device):
     net.eval()
     counts = torch.zeros(2, dtype=torch.float64, device=device)
@@ -97,10 +84,18 @@ def evaluate_accuracy_distributed(net, test_iter, device):
             counts[0] += d2l.accuracy(net(X.to(device)), y.to(device))
             counts[1] += len(y)
     rank, world = dist.get_rank(), dist.get_world_size()
-    dist.send(counts, (rank + 1) % world)
-    dist.recv(counts, (rank - 1) % world)
+    <<REDUCE>>
     return float(counts[0] / counts[1])
 """
+# Rank 0 believes it has the total already and skips the all_reduce the others make.
+RANK_ZERO_SKIPS = COUNTS_THEN.replace(
+    "<<REDUCE>>", "if rank != 0:\n        dist.all_reduce(counts)"
+)
+# Every rank sends its counts first: no rank ever returns.
+EVERY_RANK_SENDS_FIRST = COUNTS_THEN.replace(
+    "<<REDUCE>>",
+    "dist.send(counts, (rank + 1) % world)\n    dist.recv(counts, (rank - 1) % world)",
+)
 
 
 def replacing_each(notebook: str, **functions: str) -> list[str]:

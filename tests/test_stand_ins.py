@@ -180,15 +180,19 @@ def test_stand_ins_compute_on_the_backing_device():
 def test_a_user_can_force_real_devices_or_the_cpu(mode, wanted):
     if num_gpus() >= 1 and mode == "real":
         pytest.skip("with a GPU, real devices are GPUs")
-    code = "import dplab; print(*dplab.lab_devices(2))"
-    proc = subprocess.run(
+    proc = run_with_devices("import dplab; print(*dplab.lab_devices(2))", mode)
+    assert proc.stdout.strip().splitlines()[-1] == wanted, proc.stderr
+
+
+def run_with_devices(code: str, mode: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python with DPLAB_DEVICES=`mode`."""
+    return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         env={"DPLAB_DEVICES": mode, "PATH": "/usr/bin:/bin"},
         timeout=120,
     )
-    assert proc.stdout.strip().splitlines()[-1] == wanted, proc.stderr
 
 
 # A loop of PyTorch's examples: batches in pinned memory, copied without blocking.
@@ -213,13 +217,7 @@ def test_pin_memory_loads_as_on_a_machine_without_a_gpu(mode):
     pinned, where the lab's devices are stand-ins (which cannot pin memory) or the CPU."""
     if num_gpus() >= 1:
         pytest.skip("with a GPU, memory is really pinned")
-    proc = subprocess.run(
-        [sys.executable, "-c", PINNED_LOADER],
-        capture_output=True,
-        text=True,
-        env={"DPLAB_DEVICES": mode, "PATH": "/usr/bin:/bin"},
-        timeout=120,
-    )
+    proc = run_with_devices(PINNED_LOADER, mode)
     assert proc.returncode == 0, proc.stderr[-2000:]
     device = "sim:1" if mode == "stand-in" else "cpu"
     rows = [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0]]
