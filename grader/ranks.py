@@ -259,18 +259,27 @@ def unchanged() -> Callable[[], Callable[[], bool]]:
 
         folder, threads = os.getcwd(), threading.active_count()
 
-        def test() -> bool:
-            import multiprocessing
+        def has_children() -> bool:
+            """Whether this rank has a child process, running or not yet waited for (a
+            DataLoader's workers kept alive: persistent ones, or an iterator kept in a global).
+            Asks the system, not multiprocessing's list (which the code could empty, and which a
+            rank forked by the launcher inherits from its parent), and waits for none."""
+            try:
+                os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return False
+            return True
 
+        def test() -> bool:
             changed = before.changed()
             if changed:
                 raise Tampered(
                     f"the code changed the grader's own code or torch ({', '.join(changed)}) "
                     "in this process, so its results cannot be trusted"
                 )
-            # (a DataLoader's workers, kept alive: persistent, or an iterator kept somewhere)
-            alive = multiprocessing.active_children()
-            return os.getcwd() == folder and threading.active_count() == threads and not alive
+            return (
+                os.getcwd() == folder and threading.active_count() == threads and not has_children()
+            )
 
         return test
 

@@ -152,6 +152,12 @@ class Mine(multiprocessing.context.ForkProcess):  # a context whose processes ru
 class MyContext(type(multiprocessing.get_context("fork"))):
     Process = Mine
 
+class MyRun(type(multiprocessing.get_context("fork"))):  # torch's worker, but my code runs
+    def Process(self, *args, **kwargs):
+        process = multiprocessing.context.ForkProcess(*args, **kwargs)
+        process.run = work
+        return process
+
 def attempt(what, action):
     try:
         print(what, "allowed", action(), flush=True)
@@ -173,6 +179,7 @@ attempt("worker_connects", lambda: list(DataLoader(Connects(), num_workers=1)))
 attempt("process", lambda: start(multiprocessing.Process(target=work)))
 attempt("fork_process", lambda: start(multiprocessing.get_context("fork").Process(target=work)))
 attempt("my_context", lambda: labels(num_workers=1, multiprocessing_context=MyContext()))
+attempt("my_run", lambda: labels(num_workers=1, multiprocessing_context=MyRun(), timeout=30))
 attempt("spawn_loader", lambda: labels(num_workers=1, multiprocessing_context="spawn"))
 attempt("spawn_process", lambda: start(multiprocessing.get_context("spawn").Process(target=work)))
 def again():
@@ -182,7 +189,9 @@ attempt("reimport", again)
 def unix(address):
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(address)
+    os.remove(address)
 attempt("unix_elsewhere", lambda: unix(str(Path(sys.argv[1]).parent / "elsewhere.sock")))
+attempt("unix_dev", lambda: unix(f"/dev/shm/grader-test-{os.getpid()}.sock"))
 attempt("unix_abstract", lambda: unix("\\0grader-test"))
 """
 
@@ -212,16 +221,66 @@ def test_a_dataloaders_own_workers_start_and_load_every_batch(loaders, loader):
 @pytest.mark.parametrize(("what", "why"), [("worker_forks", "starting processes"),
                                            ("worker_connects", "network use")])  # fmt: skip
 def test_a_worker_is_fenced_like_its_parent(loaders, what, why):
-    assert loaders[what].startswith("refused:") and f"{why} is not allowed" in loaders[what]
+    # (the worker started, and its own attempt was refused there: torch names the worker)
+    assert loaders[what].startswith("refused: Caught Fenced in DataLoader worker process 0")
+    assert f"{why} is not allowed while grading" in loaders[what]
 
 
 @pytest.mark.parametrize(
-    "what", ["process", "fork_process", "my_context", "spawn_loader", "spawn_process", "reimport"]
+    "what",
+    [
+        "process",
+        "fork_process",
+        "my_context",
+        "my_run",
+        "spawn_loader",
+        "spawn_process",
+        "reimport",
+    ],
 )
 def test_student_code_still_cannot_start_processes_of_its_own(loaders, what):
     assert loaders[what].startswith("refused: starting processes is not allowed while grading")
 
 
-@pytest.mark.parametrize("what", ["unix_elsewhere", "unix_abstract"])
+def test_a_loader_refused_its_start_method_is_told_what_to_use_instead(loaders):
+    assert "multiprocessing_context unset" in loaders["spawn_loader"]
+    assert "num_workers=0" in loaders["spawn_loader"]
+
+
+@pytest.mark.parametrize("what", ["unix_elsewhere", "unix_abstract", "unix_dev"])
 def test_unix_sockets_outside_the_childs_own_folders_stay_refused(loaders, what):
     assert loaders[what] == "refused: network use is not allowed while grading"
+
+
+# A rank of a pool (grader.ranks) after a run that leaves a DataLoader's workers alive: what
+# `unchanged` says of it (each line: when, then whether the rank may serve again).
+KEPT_WORKERS = """
+import multiprocessing, time, torch
+from torch.utils.data import DataLoader, TensorDataset
+from grader.ranks import unchanged
+may_serve = unchanged()()
+print("fresh", may_serve())
+kept = iter(DataLoader(TensorDataset(torch.arange(4)), num_workers=2, persistent_workers=True))
+next(kept)
+# (the loader's own threads counted in as the rank's: of what it left, only its workers differ)
+with_threads = unchanged()()
+print("kept", with_threads())
+multiprocessing.process._children.clear()  # (what multiprocessing knows of them, forgotten)
+print("forgotten", with_threads())
+kept._shutdown_workers()
+for _ in range(100):  # (the queues' feeder threads end a moment after the workers)
+    if may_serve():
+        break
+    time.sleep(0.05)
+print("ended", may_serve())
+"""
+
+
+def test_a_rank_whose_run_left_a_loaders_workers_alive_serves_no_more():
+    proc = subprocess.run(
+        [sys.executable, "-c", KEPT_WORKERS], capture_output=True, text=True, timeout=300
+    )
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert lines == {"fresh": "True", "kept": "False", "forgotten": "False", "ended": "True"}, (
+        proc.stderr[-2000:]
+    )

@@ -19,14 +19,20 @@ they inherit its namespaces, user id, limits and audit hook.
   when they fail, wait on each other or pass their processor-time limit, the cases of a
   notebook's exercises share them only while no case changes them (grader.ranks), and the
   grader stops the child's whole process group when it stops the child.
-- PyTorch's DataLoader may fork its worker processes (`num_workers`), as every real
-  training loop has it do: only multiprocessing's fork of torch's own worker loop, from the
-  iterator that starts the workers (`loader_worker_test`). Workers end with their loader,
-  or when their parent is gone; a rank that still has a live child after a case serves no
-  more cases. A worker hands its tensors to its parent over a Unix socket in the child's
-  own temporary folder: such sockets, and no others, are allowed.
-Other start methods (spawn, forkserver) would start a Python without the hooks, through a
-call that raises no audit event: the child refuses it (`_refuse_fork_exec`).
+- PyTorch's DataLoader may fork its worker processes (`num_workers`), as every real training
+  loop has it do: only multiprocessing's own fork of a process that runs torch's own worker
+  loop, started by the DataLoader's own iterator (`loader_worker_test`; the objects compared
+  are taken when the hook is installed, before any student code runs). A worker runs the
+  student's Dataset and collate function behind the fence it inherits, may start no process
+  of its own, and ends with its loader, or when its parent is gone; a rank left with a live
+  child after a case serves no more cases (grader.ranks). Workers hand their batches over
+  in shared memory, whose file descriptors multiprocessing passes over a Unix socket in the
+  child's temporary folder: Unix sockets whose address is in the child's scratch folder
+  (which holds its temporary one) are allowed, as they reach none but the child's own
+  processes; any other socket is not.
+Other start methods (spawn, forkserver) would exec a new Python without the hooks, through a
+call that raises no audit event: the child replaces it with one that refuses
+(`_refuse_fork_exec`), and says to keep the default start method or num_workers=0.
 
 The audit layer alone can be got round with ctypes; it is the fallback where the system
 allows no namespaces (`describe()` says which layers are on).
@@ -401,8 +407,9 @@ def launcher_code() -> object:
 
 PROCESSES_REFUSED = "starting processes is not allowed while grading"
 SPAWN_REFUSED = (
-    f"{PROCESSES_REFUSED} (a DataLoader's worker processes are, started the default way: "
-    "leave its multiprocessing_context unset)"
+    f"{PROCESSES_REFUSED} with the spawn or forkserver start method: a DataLoader may start "
+    "its workers with the default one (leave its multiprocessing_context unset), or use "
+    "num_workers=0"
 )
 
 
@@ -421,7 +428,7 @@ def loader_worker_test() -> Callable[[FrameType], bool]:
 
     launch = popen_fork.Popen._launch.__code__
     classes = (context.Process, context.ForkProcess)
-    run = process.BaseProcess.run
+    run, bootstrap = process.BaseProcess.run, process.BaseProcess._bootstrap
     loop, loop_code = worker._worker_loop, worker._worker_loop.__code__
     starts = dataloader._MultiProcessingDataLoaderIter.__init__.__code__
 
@@ -429,10 +436,13 @@ def loader_worker_test() -> Callable[[FrameType], bool]:
         if frame.f_code is not launch:
             return False
         started = frame.f_locals.get("process_obj")
-        if type(started) not in classes or type(started).run is not run:
+        kind = type(started)
+        if kind not in classes or kind.run is not run or kind._bootstrap is not bootstrap:
             return False
-        target = vars(started).get("_target")
-        if target is not loop or loop.__code__ is not loop_code:
+        own = vars(started)  # (what the worker runs, none of it replaced on the process)
+        if own.get("_target") is not loop or loop.__code__ is not loop_code:
+            return False
+        if "run" in own or "_bootstrap" in own:
             return False
         caller = frame.f_back
         for _ in range(8):  # Popen.__init__, the context's _Popen, Process.start, ...
@@ -470,6 +480,7 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
     let the lab's launcher fork the ranks of a process group, and PyTorch's DataLoader its
     worker processes: see the module docstring)."""
     allowed = _as_prefixes([scratch.resolve(), Path("/dev")])
+    own_folder = _as_prefixes([scratch.resolve()])  # (not /dev: /dev/log is the system's)
     private = _as_prefixes(private)
     fork_rank = launcher_code()
     starts_a_loader_worker = loader_worker_test()
@@ -496,7 +507,7 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
             event in ("socket.bind", "socket.connect", "socket.sendmsg", "socket.sendto")
             and isinstance(address, str | bytes)
             and address[:1] not in ("", "\0", b"\0")  # (abstract addresses are not files)
-            and under(address, allowed)
+            and under(address, own_folder)
         )
 
     def hook(event: str, args: tuple) -> None:
