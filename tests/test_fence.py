@@ -178,6 +178,8 @@ attempt("worker_forks", lambda: list(DataLoader(Forks(), num_workers=1)))
 attempt("worker_connects", lambda: list(DataLoader(Connects(), num_workers=1)))
 attempt("process", lambda: start(multiprocessing.Process(target=work)))
 attempt("fork_process", lambda: start(multiprocessing.get_context("fork").Process(target=work)))
+loop = torch.utils.data._utils.worker._worker_loop  # torch's worker, started by my own code
+attempt("worker_loop", lambda: start(multiprocessing.Process(target=loop)))
 attempt("my_context", lambda: labels(num_workers=1, multiprocessing_context=MyContext()))
 attempt("my_run", lambda: labels(num_workers=1, multiprocessing_context=MyRun(), timeout=30))
 attempt("spawn_loader", lambda: labels(num_workers=1, multiprocessing_context="spawn"))
@@ -233,6 +235,7 @@ def test_a_worker_is_fenced_like_its_parent(loaders, what, why):
         "fork_process",
         "my_context",
         "my_run",
+        "worker_loop",
         "spawn_loader",
         "spawn_process",
         "reimport",
