@@ -18,7 +18,7 @@ from grader.judge.registry import diagnoser, hidden_checks, public_checks
 from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
 from grader.manifest import Exercise, load_manifest
-from grader.ranks import rank_pools
+from grader.ranks.pools import rank_pools
 from grader.report.results import CheckResult, exercise_result, render_exercise
 from grader.sandbox.runner import run_checks
 

@@ -19,10 +19,23 @@ class Exercise:
     notebook: str
     function: str
     points: float
-    checks: str
-    hidden: str
-    mistakes: str
-    trains: bool = False
+    trains: bool = False  # the function runs a whole training: loading never calls it
+    distributed: bool = False  # its cases run in process groups (grader.ranks)
+
+    @property
+    def checks(self) -> str:
+        """Return the module of its public checks, shipped to students."""
+        return f"grader.checks.{self.id}"
+
+    @property
+    def hidden(self) -> str:
+        """Return the module of its hidden checks, kept on the instructor's side."""
+        return f"grader.hidden.{self.id}"
+
+    @property
+    def mistakes(self) -> str:
+        """Return the module of its catalogue of known wrong implementations."""
+        return f"grader.mistakes.{self.id}"
 
 
 @dataclass(frozen=True)

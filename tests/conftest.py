@@ -17,7 +17,7 @@ from grader.judge.verdicts import judge_exercise
 from grader.load.notebook import load_notebook, read_cells
 from grader.load.reference import reference
 from grader.manifest import REPO, Exercise, load_manifest
-from grader.ranks import autograd_threads_started, starts_processes
+from grader.ranks.apart import autograd_threads_started
 from grader.report.results import ExerciseResult
 from grader.sandbox.runner import run_checks
 
@@ -141,7 +141,7 @@ def grade_source(
     can no longer fork ranks that run backward (autograd's threads, started by earlier tests
     on stand-ins): then the grader grades the notebook in a fenced child of its fork server,
     as it grades a class."""
-    if starts_processes(ex) and autograd_threads_started():
+    if ex.distributed and autograd_threads_started():
         with tempfile.TemporaryDirectory(prefix="variant-") as tmp:
             folder = Path(tmp) / "variant" / load_manifest().assignment
             write_notebook(folder / ex.notebook, *read_cells(SOLUTIONS / ex.notebook), source)

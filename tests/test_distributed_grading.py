@@ -331,7 +331,7 @@ from grader.judge.registry import diagnoser, public_checks
 from grader.judge.verdicts import judge_exercise
 from grader.load.notebook import load_notebook
 from grader.manifest import REPO, load_manifest
-from grader.ranks import rank_pools
+from grader.ranks.pools import rank_pools
 from grader.sandbox.runner import run_checks
 
 manifest = load_manifest()
@@ -378,7 +378,7 @@ HOLDING = """
 import contextlib
 
 from grader.load.reference import held_sources
-from grader.ranks import reference_in_ranks
+from grader.ranks.pools import reference_in_ranks
 from grader.sandbox.child import run_reference_cells
 
 
@@ -388,7 +388,7 @@ def broken(*args, **kwargs):
 
 namespace["evaluate_accuracy_distributed"] = broken  # a mistake that train_ddp holds right
 said = {}
-with rank_pools(namespace, "distributed.ipynb") as pool:
+with rank_pools(namespace, "distributed.ipynb", run_reference_cells) as pool:
     for exercise_id in ("evaluate_accuracy_distributed", "train_ddp", "average_gradients"):
         ex = manifest.exercise(exercise_id)
         checks = public_checks(ex)
@@ -449,7 +449,7 @@ def test_an_untouched_stub_stops_its_cases_before_any_rank_starts():
 
 def test_only_a_body_that_does_nothing_but_raise_is_an_untouched_stub():
     from grader.api import MissingFunction, Student
-    from grader.ranks import untouched_stub
+    from grader.ranks.groups import untouched_stub
 
     namespace: dict = {}
     exec(
@@ -520,7 +520,7 @@ def test_a_judges_computation_that_never_answers_from_its_copy_is_made_here(tmp_
     import os
     import time
 
-    from grader.ranks import apart
+    from grader.api import apart
 
     here = os.getpid()
     copies = tmp_path / "copies"

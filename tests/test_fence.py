@@ -260,7 +260,7 @@ def test_unix_sockets_outside_the_childs_own_folders_stay_refused(loaders, what)
 KEPT_WORKERS = """
 import multiprocessing, time, torch
 from torch.utils.data import DataLoader, TensorDataset
-from grader.ranks import unchanged
+from grader.ranks.pools import unchanged
 may_serve = unchanged()()
 print("fresh", may_serve())
 kept = iter(DataLoader(TensorDataset(torch.arange(4)), num_workers=2, persistent_workers=True))

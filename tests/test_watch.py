@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import dplab.distributed
 import grader.fixtures
-from grader.sandbox.child import TORCH_FUNCTIONS, Snapshot, _counted, watched_objects
+from grader.watch import TORCH_FUNCTIONS, Snapshot, counted_attributes, watched_objects
 
 
 def fingerprint(watched: dict[str, object]) -> dict[str, int]:
@@ -20,7 +20,7 @@ def fingerprint(watched: dict[str, object]) -> dict[str, int]:
     every attribute (and function body) that counts, by name."""
     marks = {f"torch.{name}": id(getattr(torch, name)) for name in TORCH_FUNCTIONS}
     for name, obj in watched.items():
-        for attribute, value in _counted(name, obj).items():
+        for attribute, value in counted_attributes(name, obj).items():
             marks[f"{name}.{attribute}"] = id(value)
             if type(value) is types.FunctionType:
                 marks[f"{name}.{attribute}.__code__"] = id(value.__code__)

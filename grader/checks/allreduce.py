@@ -5,17 +5,17 @@ import torch
 from grader.api import (
     Crash,
     Fail,
+    SeenTensor,
     attempt,
     case,
     check,
+    cycle,
     error_hints,
     expect,
     expect_close,
     expect_equal,
     raised_in,
 )
-from grader.fixtures import cycle
-from grader.sandbox.transport import SeenTensor
 
 REBIND_HINT = (
     "`data[i] = ...` only makes the list point at a new tensor; the tensor the caller holds "

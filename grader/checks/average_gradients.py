@@ -15,9 +15,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader.api import Fail, case, check, error_hints, expect, expect_close
-from grader.ranks import apart, groups_finished, in_every_size, in_rank, recording_calls
-from grader.sandbox.transport import SeenTensor
+from grader.api import (
+    Fail,
+    SeenTensor,
+    apart,
+    case,
+    check,
+    error_hints,
+    expect,
+    expect_close,
+    groups_finished,
+    in_every_size,
+    in_rank,
+    recording_calls,
+)
 
 BATCH = 24  # the global batch: 2, 3 and 4 ranks get equal shards of it
 MEAN_HINT = (

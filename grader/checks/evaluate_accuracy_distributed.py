@@ -13,13 +13,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader.api import case, check, error_hints, expect, returned
-from grader.ranks import (
+from grader.api import (
+    case,
+    check,
+    error_hints,
+    expect,
     groups_finished,
     in_every_size,
     in_rank,
     ranks_that_returned,
     recording_calls,
+    returned,
 )
 
 COUNT_HINT = (

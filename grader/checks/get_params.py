@@ -4,9 +4,20 @@ import torch
 from torch import nn
 
 import dplab
-from grader.api import Fail, case, check, error_hints, expect, expect_close, expect_equal, short
-from grader.fixtures import lenet_loss, random_batch, seeded
-from grader.sandbox.transport import SeenTensor
+from grader.api import (
+    Fail,
+    SeenTensor,
+    case,
+    check,
+    error_hints,
+    expect,
+    expect_close,
+    expect_equal,
+    lenet_loss,
+    random_batch,
+    seeded,
+    short,
+)
 
 SAME_TENSOR_HINT = (
     "`.to(device)` returns the very same tensor when it is already on that device, so the "

@@ -12,16 +12,22 @@ import functools
 import torch
 import torch.distributed as dist
 
-from grader.api import Fail, case, check, error_hints, expect, expect_close, expect_equal
-from grader.ranks import (
+from grader.api import (
     COLLECTIVES,
+    Fail,
+    SeenTensor,
     all_reduce,
+    case,
+    check,
+    error_hints,
+    expect,
+    expect_close,
+    expect_equal,
     groups_finished,
     in_every_size,
     in_rank,
     recording_calls,
 )
-from grader.sandbox.transport import SeenTensor
 
 # Collectives that move data: a ring that calls one did not do the summing itself.
 SUMMING = tuple(c for c in COLLECTIVES if c not in ("barrier",))

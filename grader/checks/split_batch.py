@@ -2,9 +2,17 @@
 
 import torch
 
-from grader.api import Fail, case, check, error_hints, expect, expect_equal, short
-from grader.fixtures import cycle
-from grader.sandbox.transport import SeenTensor
+from grader.api import (
+    Fail,
+    SeenTensor,
+    case,
+    check,
+    cycle,
+    error_hints,
+    expect,
+    expect_equal,
+    short,
+)
 
 UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
 

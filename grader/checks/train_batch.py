@@ -14,9 +14,21 @@ not one device the whole batch.
 import torch
 
 import dplab
-from grader.api import Fail, case, check, close, error_hints, expect, expect_close
-from grader.fixtures import cycle, lenet_loss, random_batch, seeded, which_replica
-from grader.sandbox.transport import SeenTensor
+from grader.api import (
+    Fail,
+    SeenTensor,
+    case,
+    check,
+    close,
+    cycle,
+    error_hints,
+    expect,
+    expect_close,
+    lenet_loss,
+    random_batch,
+    seeded,
+    which_replica,
+)
 
 LR = 0.1
 SCALE = 0.1  # larger than the book's 0.01, so that every layer's update is clearly visible

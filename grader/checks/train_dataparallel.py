@@ -20,9 +20,18 @@ import torch
 from torch import nn
 
 import dplab
-from grader.api import attempt, case, check, error_hints, expect
-from grader.fixtures import RecordedBatches, batch_name, quiet_animator, sample_images
-from grader.sandbox.transport import SeenTensor
+from grader.api import (
+    RecordedBatches,
+    SeenTensor,
+    attempt,
+    batch_name,
+    case,
+    check,
+    error_hints,
+    expect,
+    quiet_animator,
+    sample_images,
+)
 
 LR = 0.5
 EPOCHS = 10

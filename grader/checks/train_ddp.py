@@ -21,10 +21,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from grader.api import case, check, error_hints, expect, expect_close, returned
-from grader.fixtures import quiet_plots
-from grader.ranks import apart, groups_finished, in_every_size, in_rank, ranks_that_returned
-from grader.sandbox.transport import SeenTensor
+from grader.api import (
+    GroupSeen,
+    RankSeen,
+    SeenTensor,
+    apart,
+    case,
+    check,
+    error_hints,
+    every_group,
+    every_rank,
+    expect,
+    expect_close,
+    in_every_size,
+    in_rank,
+    quiet_plots,
+    returned,
+)
 
 TRAIN, TEST = 96, 48  # examples; 2, 3 and 4 ranks split both evenly
 BATCH, EPOCHS, LR = 24, 2, 0.5
@@ -257,53 +270,41 @@ def test_accuracy(weights: dict, seed: int) -> float:
         return float((net(X).argmax(dim=1) == y).float().mean())
 
 
-def finished_runs(seen) -> list[tuple[int, list[dict]]]:
-    """Return (world size, ranks) for every group whose ranks all returned."""
-    groups = groups_finished(seen)
-    for _n, ranks in groups:
-        for rank in ranks:
-            returned(rank)
+def finished_runs(seen) -> list[GroupSeen]:
+    """Return every group, all of whose ranks returned (a rank that raised fails)."""
+    groups = every_group(seen)
+    for g in groups:
+        for record in g.ranks.values():
+            returned(record)
     return groups
 
 
-def returned_ranks(seen) -> list[tuple[int, dict[int, dict]]]:
-    """For the checks of what each rank does on its own (its share, its sampler, its first
-    weights): the ranks that returned, where a group deadlocked (see ranks_that_returned)."""
-    return ranks_that_returned(seen, see=DEADLOCK_OWNER)
-
-
-def expect_the_given_optimizer(ranks: list[dict], n: int, lr: float) -> None:
-    """Fail unless the ranks stepped with torch.optim.SGD at learning rate `lr` and trained on
+def expect_the_given_optimizer(r: RankSeen, lr: float) -> None:
+    """Fail unless the rank stepped with torch.optim.SGD at learning rate `lr` and trained on
     examples of the training set, as the replay assumes."""
-    for rank, result in enumerate(ranks):
-        for e in result["log"]:
-            if e["event"] != "step":
-                continue
-            expect(
-                e["optimizer"] == "SGD",
-                f"with {n} processes, rank {rank} stepped with torch.optim.{e['optimizer']}; "
-                "the task asks for torch.optim.SGD",
-                "Train with torch.optim.SGD(model.parameters(), lr), as the book does.",
-            )
-            expect(
-                e.get("maximize") in (None, False),
-                f"with {n} processes, rank {rank}'s SGD maximizes the loss (maximize=True)",
-            )
-            expect(
-                e["lr"] is not None and abs(e["lr"] - lr) <= 1e-9 * max(1.0, abs(lr)),
-                f"with {n} processes, rank {rank}'s optimizer stepped with learning rate "
-                f"{e['lr']:g}; the task gives lr={lr:g}",
-                "Give the optimizer the lr that train_ddp was called with, unchanged (no "
-                "scaling by the number of processes, no schedule).",
-            )
-        unknown = sum(idx < 0 for step in training_steps(result["log"]) for idx in step)
-        expect(
-            not unknown,
-            f"with {n} processes, {unknown} of the inputs that reached rank {rank}'s network "
-            "were not examples of the training set as given (changed on the way?)",
-            "Feed the network the batches of the training DataLoader as they come, moved to "
-            "the device and nothing else.",
+    for e in r.record["log"]:
+        if e["event"] != "step":
+            continue
+        r.expect(
+            e["optimizer"] == "SGD",
+            f"stepped with torch.optim.{e['optimizer']}; the task asks for torch.optim.SGD",
+            "Train with torch.optim.SGD(model.parameters(), lr), as the book does.",
         )
+        r.expect(e.get("maximize") in (None, False), "'s SGD maximizes the loss (maximize=True)")
+        r.expect(
+            e["lr"] is not None and abs(e["lr"] - lr) <= 1e-9 * max(1.0, abs(lr)),
+            f"'s optimizer stepped with learning rate {e['lr']:g}; the task gives lr={lr:g}",
+            "Give the optimizer the lr that train_ddp was called with, unchanged (no "
+            "scaling by the number of processes, no schedule).",
+        )
+    unknown = sum(idx < 0 for step in training_steps(r.record["log"]) for idx in step)
+    expect(
+        not unknown,
+        f"with {r.n} processes, {unknown} of the inputs that reached rank {r.rank}'s network "
+        "were not examples of the training set as given (changed on the way?)",
+        "Feed the network the batches of the training DataLoader as they come, moved to "
+        "the device and nothing else.",
+    )
 
 
 @check(
@@ -315,13 +316,11 @@ def expect_the_given_optimizer(ranks: list[dict], n: int, lr: float) -> None:
 )
 def ranks_end_with_identical_parameters(seen, ctx):
     """After training, every rank holds the same weights."""
-    for n, ranks in finished_runs(seen):
-        zero = plain_state(ranks[0]["final"])
-        for rank, result in enumerate(ranks[1:], start=1):
+    for g in finished_runs(seen):
+        zero = plain_state(g.ranks[0]["final"])
+        for rank, result in list(g.ranks.items())[1:]:
             for name, value in plain_state(result["final"]).items():
-                expect_close(
-                    value, zero[name], f"with {n} processes, rank {rank}'s {name} against rank 0's"
-                )
+                expect_close(value, zero[name], f"{g.label}, rank {rank}'s {name} against rank 0's")
 
 
 @check(
@@ -334,15 +333,16 @@ def ranks_end_with_identical_parameters(seen, ctx):
 )
 def matches_one_process_on_the_same_global_batches(seen, ctx):
     """The weights equal one process's, trained by SGD on the global batches the ranks saw."""
-    for n, ranks in finished_runs(seen):
-        expect(ranks[0]["first"], f"with {n} processes, no training step ran")
-        expect_the_given_optimizer(ranks, n, LR)
-        single = replay(ranks, ctx.seed, LR)
+    for g in finished_runs(seen):
+        g.expect(g.ranks[0]["first"], "no training step ran")
+        for r in g.each_rank():
+            expect_the_given_optimizer(r, LR)
+        single = replay(list(g.ranks.values()), ctx.seed, LR)
         for name, value in single.items():
             expect_close(
-                ranks[0]["final"][name],
+                g.ranks[0]["final"][name],
                 value,
-                f"with {n} processes, {name} against one process on the same global batches",
+                f"{g.label}, {name} against one process on the same global batches",
                 rtol=1e-4,
                 atol=1e-5,
             )
@@ -356,19 +356,19 @@ def matches_one_process_on_the_same_global_batches(seen, ctx):
 )
 def each_rank_trains_on_its_own_shard(seen, ctx):
     """In each epoch, the ranks' training examples do not overlap and cover the set."""
-    for n, ranks in returned_ranks(seen):
-        epochs = {r: epochs_of(result["log"], EPOCHS) for r, result in ranks.items()}
+    for g in every_group(seen, see=DEADLOCK_OWNER):
+        epochs = {r: epochs_of(result["log"], EPOCHS) for r, result in g.ranks.items()}
         for e in range(EPOCHS):
             shares = [set(per[e]) for per in epochs.values()]
             together = set().union(*shares)
-            expect(
+            g.expect(
                 sum(map(len, shares)) == len(together),
-                f"with {n} processes, in epoch {e + 1} the ranks trained on the same examples "
+                f"in epoch {e + 1} the ranks trained on the same examples "
                 f"({sum(map(len, shares))} used, {len(together)} different)",
             )
-            expect(
-                len(ranks) < n or len(together) == TRAIN,  # (all the ranks: a deadlock left some)
-                f"with {n} processes, epoch {e + 1} used {len(together)} of {TRAIN} examples",
+            g.expect(
+                len(g.ranks) < g.n or len(together) == TRAIN,  # (a deadlock left some ranks)
+                f"epoch {e + 1} used {len(together)} of {TRAIN} examples",
             )
 
 
@@ -380,14 +380,12 @@ def each_rank_trains_on_its_own_shard(seen, ctx):
 )
 def each_rank_takes_its_share_of_the_global_batch(seen, ctx):
     """Each training step of a rank uses batch_size / world_size examples."""
-    for n, ranks in returned_ranks(seen):
-        for rank, result in ranks.items():
-            sizes = step_sizes(result["log"])
-            expect(
-                sizes == [BATCH // n],
-                f"with {n} processes and batch_size={BATCH}, rank {rank}'s steps took {sizes} "
-                f"examples; its share is {BATCH // n}",
-            )
+    for r in every_rank(seen, see=DEADLOCK_OWNER):
+        sizes = step_sizes(r.record["log"])
+        r.expect(
+            sizes == [BATCH // r.n],
+            f"'s steps took {sizes} examples; its share of batch_size={BATCH} is {BATCH // r.n}",
+        )
 
 
 @check(
@@ -399,14 +397,9 @@ def each_rank_takes_its_share_of_the_global_batch(seen, ctx):
 )
 def shuffles_differently_each_epoch(seen, ctx):
     """Each rank sees its examples in another order in the second epoch than in the first."""
-    for n, ranks in returned_ranks(seen):
-        for rank, result in ranks.items():
-            first, second = epochs_of(result["log"], EPOCHS)[:2]
-            expect(
-                first != second,
-                f"with {n} processes, rank {rank} saw the same examples in the same order in "
-                "both epochs",
-            )
+    for r in every_rank(seen, see=DEADLOCK_OWNER):
+        first, second = epochs_of(r.record["log"], EPOCHS)[:2]
+        r.expect(first != second, "saw the same examples in the same order in both epochs")
 
 
 @check(
@@ -417,16 +410,16 @@ def shuffles_differently_each_epoch(seen, ctx):
 )
 def initialises_weights_as_the_book(seen, ctx):
     """At the first step, the linear layers' weights have a standard deviation near 0.01."""
-    for n, ranks in returned_ranks(seen):
-        rank = min(ranks)
-        weights = plain_state(ranks[rank]["first"])
-        expect(weights, f"with {n} processes, rank {rank} took no training step")
+    for g in every_group(seen, see=DEADLOCK_OWNER):
+        rank = min(g.ranks)
+        weights = plain_state(g.ranks[rank]["first"])
+        g.expect(weights, f"rank {rank} took no training step")
         for name in ("1.weight", "3.weight"):
             spread = float(weights[name].std())
-            expect(
+            g.expect(
                 0.005 < spread < 0.02,
-                f"with {n} processes, {name} started with a standard deviation of "
-                f"{spread:.4f}; the book's initialisation gives 0.01",
+                f"{name} started with a standard deviation of {spread:.4f}; the book's "
+                "initialisation gives 0.01",
             )
 
 
@@ -440,20 +433,18 @@ def initialises_weights_as_the_book(seen, ctx):
 def returns_the_test_accuracy_per_epoch(seen, ctx):
     """Every rank returns a list of one accuracy per epoch, the last that of the final weights
     on the whole test set."""
-    for n, ranks in finished_runs(seen):
-        for rank, result in enumerate(ranks):
-            history = returned(result)
-            expect(
-                isinstance(history, list) and len(history) == EPOCHS,
-                f"with {n} processes, rank {rank} returned {history!r}; expected a list of "
-                f"{EPOCHS} accuracies",
-            )
-            wanted = test_accuracy(ranks[0]["final"], ctx.seed)
-            expect(
-                abs(history[-1] - wanted) < 1e-6,
-                f"with {n} processes, rank {rank}'s last accuracy is {history[-1]:.4f}; the "
-                f"final weights score {wanted:.4f} on the whole test set",
-            )
+    for r in (r for g in finished_runs(seen) for r in g.each_rank()):
+        history = returned(r.record)
+        r.expect(
+            isinstance(history, list) and len(history) == EPOCHS,
+            f"returned {history!r}; expected a list of {EPOCHS} accuracies",
+        )
+        wanted = test_accuracy(r.group[0]["final"], ctx.seed)
+        r.expect(
+            abs(history[-1] - wanted) < 1e-6,
+            f"'s last accuracy is {history[-1]:.4f}; the final weights score {wanted:.4f} on "
+            "the whole test set",
+        )
 
 
 SUMMARY = re.compile(r"test acc:?\s*[0-9.]+.*sec/epoch", re.IGNORECASE)
@@ -468,16 +459,12 @@ SUMMARY = re.compile(r"test acc:?\s*[0-9.]+.*sec/epoch", re.IGNORECASE)
 def rank_zero_alone_prints_the_summary(seen, ctx):
     """Rank 0 prints `test acc: ..., ... sec/epoch ...`; the other ranks print no summary."""
     outputs = {g["world_size"]: g["outputs"] for g in seen}
-    for n, ranks in returned_ranks(seen):
-        for rank in ranks:
-            printed = bool(SUMMARY.search(outputs[n][rank]))
-            if rank == 0:
-                expect(
-                    printed,
-                    f"with {n} processes, rank 0 printed no summary line: {outputs[n][0][-200:]!r}",
-                )
-            else:
-                expect(not printed, f"with {n} processes, rank {rank} printed a summary line too")
+    for r in every_rank(seen, see=DEADLOCK_OWNER):
+        printed = bool(SUMMARY.search(outputs[r.n][r.rank]))
+        if r.rank == 0:
+            r.expect(printed, f"printed no summary line: {outputs[r.n][0][-200:]!r}")
+        else:
+            r.expect(not printed, "printed a summary line too")
 
 
 @error_hints

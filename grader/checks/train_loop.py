@@ -19,12 +19,18 @@ import re
 import torch
 
 import dplab
-from grader.api import Fail, attempt, case, check, error_hints, expect, returned
-from grader.fixtures import (
+from grader.api import (
+    Fail,
     FirstBatches,
     RecordedBatches,
+    attempt,
     batch_name,
+    case,
+    check,
+    error_hints,
+    expect,
     quiet_plots,
+    returned,
     sample_images,
     which_replica,
 )

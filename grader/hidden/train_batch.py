@@ -2,9 +2,8 @@
 
 import torch
 
-from grader.api import check, expect_close
+from grader.api import check, expect_close, random_batch, seeded
 from grader.checks.train_batch import LR, NAMES, random_steps, replicas_of, start
-from grader.fixtures import random_batch, seeded
 
 four_replicas = random_steps.using(
     "four_replicas", "One step on 10 random examples over four devices (3, 3, 3 and 1).", n=10, k=4

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from grader.api import check, expect, expect_close
+from grader.api import check, expect, expect_close, sgd_step
 from grader.checks.train_dataparallel import (
     EPOCHS,
     LR,
@@ -13,7 +13,6 @@ from grader.checks.train_dataparallel import (
     training_run,
 )
 from grader.checks.train_loop import summary
-from grader.fixtures import sgd_step
 
 ten_epochs_without_batch_norm = training_run.using(
     "ten_epochs_without_batch_norm",

@@ -29,22 +29,20 @@ another_run = training_run.using(
 )
 def matches_one_process_with_other_settings(seen, ctx):
     """With batch 48, lr 0.2 and 3 epochs, the ranks agree with one process's replay."""
-    for n, ranks in finished_runs(seen):
-        steps = training_steps(ranks[0]["log"])
+    for g in finished_runs(seen):
+        steps = training_steps(g.ranks[0]["log"])
         expect(
             len(steps) == EPOCHS * 96 // BATCH,
-            f"with {n} processes, rank 0 took {len(steps)} training steps; 3 epochs of 96 "
+            f"{g.label}, rank 0 took {len(steps)} training steps; 3 epochs of 96 "
             f"examples in global batches of {BATCH} take {EPOCHS * 96 // BATCH}",
             # a rank's batch that is not its share of the global batch changes the count too
             see=None
-            if step_sizes(ranks[0]["log"]) == [BATCH // n]
+            if step_sizes(g.ranks[0]["log"]) == [BATCH // g.n]
             else "each_rank_takes_its_share_of_the_global_batch",
         )
-        expect_the_given_optimizer(ranks, n, LR)
-        single = replay(ranks, ctx.seed, LR)
-        for rank, result in enumerate(ranks):
-            for name, value in plain_state(result["final"]).items():
-                expect_close(
-                    value, single[name], f"with {n} processes, rank {rank}'s {name}", rtol=1e-4,
-                    atol=1e-5,
-                )  # fmt: skip
+        for r in g.each_rank():
+            expect_the_given_optimizer(r, LR)
+        single = replay(list(g.ranks.values()), ctx.seed, LR)
+        for r in g.each_rank():
+            for name, value in plain_state(r.record["final"]).items():
+                expect_close(value, single[name], f"{r.label}'s {name}", rtol=1e-4, atol=1e-5)

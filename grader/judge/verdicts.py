@@ -5,13 +5,13 @@ from dataclasses import dataclass
 
 from dplab.devices import grading_devices
 from grader.api import Check, Context, Crash, Fail, Raised, raised_in
+from grader.base.values import unpack
 from grader.judge.registry import diagnoser
 from grader.load.reference import reference
 from grader.load.submission import Submission
 from grader.manifest import Exercise
 from grader.report.results import CheckResult, ExerciseResult, exercise_result
 from grader.sandbox.supervisor import DEVICES, Collected
-from grader.sandbox.transport import unpack
 
 Diagnose = Callable[[Raised], str | None]
 LIMIT_HINT = (

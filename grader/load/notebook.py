@@ -30,7 +30,7 @@ from pathlib import Path
 
 import dplab
 from dplab.distributed import LaunchSkipped, launches_skipped
-from grader.sandbox.runner import TimeLimit, time_limit
+from grader.limits import TimeLimit, time_limit
 
 # Never run while loading: the notebook's own check cells (grading runs the checks) and its
 # launches of process groups (`d2l.launch(...)`: demos and training runs, for people).

@@ -14,27 +14,26 @@ An exercise whose cases hold names right (see grader.load.reference) asks for th
 frame once it has started, and reads the reference's cells from a second pipe. The grader
 answers only for the exercise the child is on, so that no reference is in this process
 before the exercises it holds have been judged. The notebook's ranks run those cells too, and
-stop when the exercise ends (grader.ranks.reference_in_ranks).
+stop when the exercise ends (grader.ranks.pools.reference_in_ranks).
 """
 
-import builtins
 import contextlib
 import itertools
 import os
 import sys
 import time
 from pathlib import Path
-from types import FunctionType, ModuleType
 
 import torch
 
 from grader.api import Case, Context, Student
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
-from grader.ranks import rank_pools, reference_in_ranks, starts_processes
+from grader.ranks.pools import rank_pools, reference_in_ranks
 from grader.sandbox.fence import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
+from grader.watch import Snapshot, watched_objects
 
 
 def public_modules() -> set[str]:
@@ -71,90 +70,6 @@ def resolve_case(origin: list[str]) -> Case:
     if not isinstance(found, Case):
         raise ValueError(f"{module_name}.{attribute} is not a case")
     return found
-
-
-# The torch names whose change would change what the child observes. Comparisons such as
-# torch.equal are not among them: the child compares nothing, the grader does. Nor is all of
-# torch: it rebinds some of its own names when parts load lazily.
-TORCH_FUNCTIONS = ("device", "save")
-
-
-def watched_objects() -> dict[str, object]:
-    """Return what the cases rely on: the grader's modules, unittest.mock, tensors, modules,
-    torch.distributed and builtins."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    watched: dict[str, object] = {
-        "builtins": builtins,
-        "torch.Tensor": torch.Tensor,
-        "torch.nn.Module": torch.nn.Module,
-        "torch.distributed": dist,  # the distributed checks record its calls and trust it
-        "torch.distributed.distributed_c10d": distributed_c10d,
-        "dplab.distributed": sys.modules["dplab.distributed"],  # starts the ranks
-    }
-    for name, module in list(sys.modules.items()):
-        ours = name == "grader" or name.startswith("grader.")
-        if (ours or name == "unittest.mock") and isinstance(module, ModuleType):
-            watched[name] = module  # unittest.mock: the cases swap names with it
-    return watched
-
-
-# torch keeps answers it works out lazily in plain module variables (torch.distributed's
-# `_spmd_types_available` is set when torch._dynamo is first imported, which the first
-# optimizer or launch does): in torch's modules only functions, classes and objects count.
-PLAIN = (type(None), bool, int, float, str)
-
-
-def _counted(name: str, obj: object) -> dict[str, object]:
-    """Return the attributes of a watched object that count, by name (the type of each value
-    is asked with type(), never isinstance: torch's deprecated `reduce_op` warns whenever its
-    attributes are looked up)."""
-    attributes = vars(obj)
-    if name.startswith("torch.") and isinstance(obj, ModuleType):
-        return {k: v for k, v in attributes.items() if not issubclass(type(v), PLAIN)}
-    return dict(attributes)
-
-
-class Snapshot:
-    """What the watched objects (and torch's TORCH_FUNCTIONS) point to now, the objects
-    themselves held; `changed()` names those that point elsewhere since (or are gone), by
-    identity. Cheap: a grade takes one in every rank after every run."""
-
-    def __init__(self, watched: dict[str, object]) -> None:
-        self.watched = watched
-        self.torch = {name: getattr(torch, name) for name in TORCH_FUNCTIONS}
-        self.held = {name: _counted(name, obj) for name, obj in watched.items()}
-        self.code = [
-            (name, attribute, value, value.__code__)
-            for name, attributes in self.held.items()
-            for attribute, value in attributes.items()
-            if type(value) is FunctionType
-        ]
-
-    def changes(self) -> dict[str, int]:
-        """Return, for each name that points elsewhere now, the identity of what it points to
-        (of its function body, for a function whose body was swapped)."""
-        missing = object()
-        found = {}
-        for name, value in self.torch.items():
-            now = getattr(torch, name, missing)
-            if now is not value:
-                found[f"torch.{name}"] = id(now)
-        for name, attributes in self.held.items():
-            namespace = vars(self.watched[name])
-            for attribute, value in attributes.items():
-                now = namespace.get(attribute, missing)
-                if now is not value:
-                    found[f"{name}.{attribute}"] = id(now)
-        for name, attribute, function, code in self.code:
-            if function.__code__ is not code:
-                found.setdefault(f"{name}.{attribute}", id(function.__code__))
-        return found
-
-    def changed(self) -> list[str]:
-        """Return the names that point elsewhere now (or are gone), sorted."""
-        return sorted(self.changes())
 
 
 def load(
@@ -204,11 +119,11 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
         for ex, cases in request["exercises"]
     }
     if "torch._dynamo" not in sys.modules and any(
-        starts_processes(manifest.exercise(ex)) for ex in plans
+        manifest.exercise(ex).distributed for ex in plans
     ):
         # A child started afresh imports now what a forked one has from the fork server's
-        # session (forkserver.the_rest): otherwise each of its ranks would import it.
-        from grader.sandbox.forkserver import the_rest
+        # session (grader.sandbox.preload.the_rest): otherwise each of its ranks would import it.
+        from grader.sandbox.preload import the_rest
 
         for step in the_rest():
             step()
@@ -233,7 +148,9 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
                 loaded[ex.notebook] = load(ex.notebook, request, channel, limit)
                 if not isinstance(loaded[ex.notebook], NotebookError):
                     # The notebook's distributed exercises share their ranks (grader.ranks).
-                    pools.enter_context(rank_pools(loaded[ex.notebook], ex.notebook))
+                    pools.enter_context(
+                        rank_pools(loaded[ex.notebook], ex.notebook, run_reference_cells)
+                    )
             namespace = loaded[ex.notebook]
             if isinstance(namespace, NotebookError):
                 channel.send(

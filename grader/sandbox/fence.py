@@ -55,6 +55,7 @@ from pathlib import Path
 from types import FrameType
 
 from grader.manifest import REPO, load_manifest, solutions_dir
+from grader.ranks.loopback import NO_LOOPBACK
 
 
 def private_paths() -> list[Path]:
@@ -190,27 +191,9 @@ _PROBE = (
     "import os, sys; "
     "assert all(os.access(p, os.R_OK | os.X_OK) for p in sys.argv[1:]); "
     "import grader.manifest; "
-    "from grader.sandbox.fence import loopback_is_up; "
+    "from grader.ranks.loopback import loopback_is_up; "
     "print('loopback' if loopback_is_up() else 'no loopback')"
 )
-
-NO_LOOPBACK = (
-    "the sandbox cannot bring up the loopback of its network namespace, so the ranks of a "
-    "process group cannot reach each other: grant the grader the NET_ADMIN capability "
-    "(docker run --cap-add=NET_ADMIN; compose: cap_add: [SYS_ADMIN, NET_ADMIN]) or allow "
-    "user namespaces"
-)
-
-
-def loopback_is_up() -> bool:
-    """Whether this network namespace's loopback interface is up (reading needs no rights)."""
-    import fcntl
-    import socket
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
-    return bool(flags & 1)
 
 
 def _probe(fence: Fence) -> bool | None:

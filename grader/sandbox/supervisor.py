@@ -44,7 +44,6 @@ from grader.api import Case, Context
 from grader.load.reference import available, held_sources
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
-from grader.ranks import starts_processes
 from grader.sandbox import forkserver
 from grader.sandbox.fence import Fence, choose_fence, limit_process, next_child_uid, private_paths
 from grader.sandbox.frames import FrameReader, send_reply
@@ -112,7 +111,7 @@ class Shares:
 
     A helper takes the exercises in `last` after the others. Those are exercises whose cases
     hold names right with the reference's in ranks shared by the notebook's cases: their ranks
-    stop at the exercise's end (grader.ranks.reference_in_ranks), so a helper that began with
+    stop at the exercise's end (grader.ranks.pools.reference_in_ranks), so a helper that began with
     one would fork its ranks twice, while a loop that ends with it forks them once."""
 
     def __init__(self, cases: dict[str, list[Case]], last: frozenset[str] = frozenset()) -> None:
@@ -521,7 +520,7 @@ def run_child(
         request_path,
     )
     try:
-        complete = any(starts_processes(load_manifest().exercise(ex)) for ex in plans)
+        complete = any(load_manifest().exercise(ex).distributed for ex in plans)
         proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read, complete)
     finally:
         os.close(write_fd)
@@ -667,7 +666,7 @@ def over_a_limit(
 def holds_in_ranks(exercise, cases: list[Case]) -> bool:
     """Return True when the exercise's `cases` start process groups and hold names right with
     the reference's (see Shares)."""
-    return starts_processes(exercise) and any(c.holds for c in cases)
+    return exercise.distributed and any(c.holds for c in cases)
 
 
 def run_isolated(
@@ -689,7 +688,7 @@ def run_isolated(
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
     # A notebook whose cases start process groups takes longest: it starts first, and the
     # others share the cores left beside it.
-    notebooks.sort(key=lambda nb: not any(starts_processes(ex) for ex in todo if ex.notebook == nb))
+    notebooks.sort(key=lambda nb: not any(ex.distributed for ex in todo if ex.notebook == nb))
     cases = {ex.id: unique_cases(checks[ex.id]) for ex in todo}
     shares = {
         nb: Shares(

@@ -1,0 +1,104 @@
+"""Comparisons that explain themselves: what came back, and what was expected."""
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grader.base.outcomes import Fail
+from grader.base.values import SeenTensor
+
+
+def short(value: Any, limit: int = 12) -> str:
+    """Describe a tensor (or anything) briefly: small tensors in full, big ones by shape."""
+    if isinstance(value, SeenTensor):
+        value = value.value
+    if isinstance(value, Tensor):
+        if value.numel() <= limit:
+            body = str(value.tolist())
+        else:
+            head = ", ".join(f"{v:.4g}" for v in value.flatten()[:4].tolist())
+            body = f"shape {tuple(value.shape)} starting [{head}, ...]"
+        return f"{body} ({str(value.dtype).removeprefix('torch.')})"
+    if isinstance(value, list | tuple):  # each item briefly: a tensor's repr runs to pages
+        items = [short(item, limit) for item in value[:4]]
+        if len(value) > 4:
+            items.append(f"... {len(value)} items in all")
+        if isinstance(value, list):
+            return f"[{', '.join(items)}]"
+        return f"({', '.join(items)}{',' if len(value) == 1 else ''})"
+    return repr(value)
+
+
+def as_tensor(value: Any, what: str) -> Tensor:
+    """Return the tensor inside `value`, or fail saying that `what` was not a tensor."""
+    if isinstance(value, SeenTensor):
+        return value.value
+    if isinstance(value, Tensor):  # computed by the grader itself
+        return value
+    raise Fail(f"{what}: expected a tensor, got {short(value)}")
+
+
+def expect(condition: bool, message: str, hint: str | None = None, see: str | None = None) -> None:
+    """Fail with `message` unless `condition` holds (`see`: the check that owns the cause,
+    as `Fail` says)."""
+    if not condition:
+        raise Fail(message, hint, see)
+
+
+def _same_shape(actual: Tensor, expected: Tensor, what: str) -> None:
+    if actual.shape != expected.shape:
+        raise Fail(
+            f"{what}: came back with shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        )
+
+
+def expect_equal(value: Any, expected: Tensor, what: str, hint: str | None = None) -> None:
+    """Fail unless `value` is a tensor exactly equal to `expected` (same shape and dtype)."""
+    actual = as_tensor(value, what)
+    _same_shape(actual, expected, what)
+    if actual.dtype != expected.dtype:
+        raise Fail(f"{what}: came back as {actual.dtype}, expected {expected.dtype}", hint)
+    if not torch.equal(actual, expected):
+        raise Fail(f"{what}: came back {short(actual)}, expected {short(expected)}", hint)
+
+
+def expect_close(
+    value: Any,
+    expected: Tensor,
+    what: str,
+    hint: str | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> None:
+    """Fail unless `value` is a tensor close to `expected`, naming the largest difference."""
+    actual = as_tensor(value, what)
+    _same_shape(actual, expected, what)
+    actual = actual.to(torch.float64)
+    target = expected.to(torch.float64)
+    if torch.isnan(actual).any() and not torch.isnan(target).any():
+        raise Fail(f"{what}: came back with NaN values, expected {short(expected)}", hint)
+    if not torch.allclose(actual, target, rtol=rtol, atol=atol):
+        gap = (actual - target).abs()
+        worst = divmod_index(int(gap.argmax()), tuple(actual.shape))
+        raise Fail(
+            f"{what}: came back {short(actual.to(expected.dtype))}, expected {short(expected)}; "
+            f"the largest difference is {float(gap.max()):.3g} at index {worst}",
+            hint,
+        )
+
+
+def divmod_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Turn a flat index into a multi-dimensional one."""
+    index = []
+    for size in reversed(shape):
+        flat, rest = divmod(flat, size)
+        index.append(rest)
+    return tuple(reversed(index))
+
+
+def close(a: Tensor, b: Tensor, rtol: float = 1e-4, atol: float = 1e-6) -> bool:
+    """Return True when two tensors have the same shape and close values."""
+    return a.shape == b.shape and torch.allclose(
+        a.to(torch.float64), b.to(torch.float64), rtol=rtol, atol=atol
+    )

@@ -1,0 +1,166 @@
+"""What a case saw of the student's code: what it returned, what it raised, and failures."""
+
+import functools
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Fail(Exception):
+    """A check failed: `message` says what came back and what was expected.
+
+    `see` names another check of the exercise that judges the same cause (a bucket too big
+    makes both the bucket size and the count of calls wrong): when that check fails too, this
+    one keeps its points and its message says "see ...", so that one mistake is paid once.
+    When that check passes, this is a failure like any other."""
+
+    def __init__(self, message: str, hint: str | None = None, see: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.see = see
+
+
+class MissingFunction(Exception):
+    """The submission does not define the function an exercise asks for."""
+
+
+class Stub(NotImplementedError):
+    """The student's function is still the released stub (found without calling it)."""
+
+
+@functools.cache
+def _library_folders() -> tuple[str, ...]:
+    """Return the folders of code that is not the student's: Python's own, the installed
+    packages, and the lab's `grader` and `dplab`."""
+    import sysconfig
+    from pathlib import Path
+
+    paths = sysconfig.get_paths()
+    lab = Path(__file__).resolve().parents[2]
+    folders = [paths["stdlib"], paths["purelib"], paths["platlib"], lab / "grader", lab / "dplab"]
+    return tuple(f"{Path(f).resolve()}/" for f in folders)
+
+
+def is_stub(error: BaseException) -> bool:
+    """Return True when `error` is the released stub's NotImplementedError: raised by a line
+    `raise NotImplementedError...` of the student's own code (a notebook cell), not by a
+    library (PyTorch raises NotImplementedError for what a device or a class lacks)."""
+    import linecache
+    import os
+
+    if isinstance(error, Stub):
+        return True
+    if not isinstance(error, NotImplementedError) or error.__traceback__ is None:
+        return False
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    filename = code.co_filename
+    if not (
+        filename.startswith("<") or not os.path.realpath(filename).startswith(_library_folders())
+    ):
+        return False
+    line = linecache.getline(filename, tb.tb_lineno).strip()
+    if line:
+        return line.startswith("raise NotImplementedError")
+    return _raises_not_implemented(code, tb.tb_lasti, tb.tb_lineno)
+
+
+def _raises_not_implemented(code, offset: int, lineno: int) -> bool:
+    """Return True when the instruction at `offset` is a raise, on a line that names
+    NotImplementedError (for code whose source is not at hand: exec'd text)."""
+    import dis
+
+    steps = list(dis.get_instructions(code))
+    raised = next((i for i in steps if i.offset == offset), None)
+    if raised is None or raised.opname != "RAISE_VARARGS":
+        return False
+    on_line = [i for i in steps if i.positions and i.positions.lineno == lineno]
+    return any(i.argval == "NotImplementedError" for i in on_line)
+
+
+MAX_TRACE = 2000
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception from the student's code: its type, message and where it happened;
+    `stub` when it is the released stub's NotImplementedError (see `is_stub`)."""
+
+    type: str
+    message: str
+    where: str
+    trace: str
+    stub: bool = False
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> "Raised":
+        frames = traceback.extract_tb(error.__traceback__)
+        mine = [f for f in frames if "code cell" in f.filename or "<string>" in f.filename]
+        where = ""
+        if mine:
+            last = mine[-1]
+            where = f"{last.filename.strip('<>')}, line {last.lineno}, in {last.name}"
+        trace = "".join(traceback.format_list(mine)) if mine else ""
+        name, stub = type(error).__name__, is_stub(error)
+        if isinstance(error, Stub):  # what the student's stub raises
+            name = "NotImplementedError"
+        return cls(name, str(error)[:1000], where, trace[-MAX_TRACE:], stub)
+
+    def as_data(self) -> dict:
+        return {
+            "type": self.type,
+            "message": self.message,
+            "where": self.where,
+            "trace": self.trace,
+            "stub": self.stub,
+        }
+
+    @classmethod
+    def from_data(cls, data: dict) -> "Raised":
+        texts = (str(data.get(k, "")) for k in ("type", "message", "where", "trace"))
+        return cls(*texts, bool(data.get("stub", False)))
+
+
+class Crash(Exception):
+    """Raised by a check that needs a call of the student's code that raised instead."""
+
+    def __init__(self, raised: Raised) -> None:
+        super().__init__(raised.message)
+        self.raised = raised
+
+
+def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:
+    """Call the student's `fn`; return {"returned": value} or, if it raised, {"raised": ...}.
+
+    Unlike a plain call, a crash does not end the case: what the case recorded before it
+    is still sent back and judged. The stub (its `raise NotImplementedError`, see `is_stub`)
+    and a missing function are not crashes: they end the case, as there is nothing to judge.
+    A NotImplementedError from anywhere else (PyTorch's, say) is a crash like any other.
+    """
+    try:
+        return {"returned": fn(*args, **kwargs), "raised": None}
+    except MissingFunction:
+        raise
+    except (Exception, SystemExit) as error:
+        if is_stub(error):
+            raise
+        return {"returned": None, "raised": Raised.from_exception(error).as_data()}
+
+
+def raised_in(seen: Any) -> Raised | None:
+    """Return the crash recorded by `attempt` in what a case saw, if any."""
+    if isinstance(seen, dict) and isinstance(seen.get("raised"), dict):
+        return Raised.from_data(seen["raised"])
+    return None
+
+
+def returned(seen: dict) -> Any:
+    """Return what the call recorded by `attempt` returned, or raise Crash if it raised."""
+    crash = raised_in(seen)
+    if crash is not None:
+        raise Crash(crash)
+    return seen.get("returned")

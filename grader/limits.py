@@ -1,0 +1,55 @@
+"""The processor-time limit of a case or a statement, and the error that stops it."""
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+
+class TimeLimit(BaseException):
+    """Raised in the student's code when a case has used up its processor time.
+
+    It derives from BaseException so that a student's `except Exception:` does not swallow it.
+    """
+
+
+def processor_seconds() -> float:
+    """Return the processor time this process has used, all its threads together."""
+    return time.process_time()
+
+
+# The processor-time limit of the case running now (None: none): the ranks that a case starts
+# (grader.ranks) get it too, all of them together.
+case_seconds: list[float | None] = [None]
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise TimeLimit in the block once it has used `seconds` of processor time per thread
+    (main thread only; None: no limit).
+
+    Processor time, not wall time: a busy machine slows a case down but does not make it
+    use more processor time, so a slow machine never stops correct code, while an endless
+    loop is stopped whatever else runs. Code that waits without computing (time.sleep) is
+    caught by the grader's watch on the child (see grader.grading).
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise TimeLimit(f"it ran past the time limit of {seconds:g} s of processor time per check")
+
+    previous = signal.signal(signal.SIGPROF, stop)
+    # Processor time adds up over PyTorch's threads: each of them may use the limit.
+    signal.setitimer(signal.ITIMER_PROF, seconds * max(1, torch.get_num_threads()))
+    case_seconds[0] = seconds
+    try:
+        yield
+    finally:
+        case_seconds[0] = None
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)

@@ -1,0 +1,150 @@
+"""Judge the records of a case's groups: which ranks finished, and what went wrong."""
+
+from typing import NamedTuple
+
+from grader.base.outcomes import Crash, Fail, Raised, raised_in
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+# What gloo says, as it aborts the process, when ranks make different collective calls at the
+# same point (a call one rank skips, met by the others' next one): a deadlock by other means.
+MISMATCH = "collective mismatch"
+MISMATCH_HINT = (
+    "The ranks made different collective calls at the same point, so gloo stopped: every rank "
+    "must make the same collective calls in the same order (a call made on rank 0 alone, say "
+    "an evaluation, meets the others' next call instead)."
+)
+DEADLOCK_HINT = (
+    "Every rank must make the same calls in the same order: a blocking send on every rank "
+    "at once waits forever (post the send with dist.isend, then recv, then wait), and so "
+    "does a collective that some ranks skip."
+)
+
+
+def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
+    """Return each rank's record of a group that finished; fail, naming the rank, if the
+    group deadlocked or ran out of time; raise Crash with the first error if the student's
+    code raised on a rank."""
+    label = f"with {group.get('world_size', '?')} processes" + (f", {what}" if what else "")
+    if "failed" in group:
+        kind = group.get("kind")
+        if kind == "hung" and group.get("finished"):
+            raise Fail(f"{label}: {group['failed']}")  # the check's own hint names the call
+        if kind == "hung":
+            raise Fail(f"{label}: {group['failed']}", DEADLOCK_HINT)
+        if kind in ("limit", "stopped"):
+            raise Fail(f"{label}: {group['failed']}")
+        if kind == "mismatch":
+            raise Fail(f"{label}: {group['failed']}", MISMATCH_HINT)
+        # A rank's process died (a crash inside torch, os._exit): judged as an error, so the
+        # exercise's error hints can name the mistake behind it.
+        raise Crash(Raised("RankFailed", f"{group['failed']} ({label})", "", ""))
+    ranks = group["ranks"]
+    crashed = [(r, raised_in(o)) for r, o in enumerate(ranks) if raised_in(o) is not None]
+    crashed = [(r, raised) for r, raised in crashed if not raised.stub]
+    lost = [r for r, raised in crashed if any(p in raised.message for p in PEER_LOST)]
+    if crashed and len(lost) == len(crashed) and len(crashed) < len(ranks):
+        # Only "peer gone" errors: a rank returned while the others still waited for it.
+        left = [r for r in range(len(ranks)) if r not in lost]
+        raise Fail(
+            f"{label}: rank(s) {', '.join(map(str, left))} returned while rank(s) "
+            f"{', '.join(map(str, lost))} still waited for them in a call to torch.distributed "
+            "(which then failed: the connection was closed)"
+        )
+    if crashed:
+        rank, raised = min(crashed, key=lambda item: float(ranks[item[0]].get("at", 0.0)))
+        raise Crash(
+            Raised(raised.type, f"{raised.message} (on rank {rank}, {label})", raised.where, "")
+        )
+    return ranks
+
+
+def groups_finished(groups: list[dict], what: str = "") -> list[tuple[int, list[dict]]]:
+    """Return (world size, ranks) for every group, failing as `expect_ranks_finished` does."""
+    return [(g["world_size"], expect_ranks_finished(g, what)) for g in groups]
+
+
+def ranks_that_returned(
+    groups: list[dict], see: str, what: str = ""
+) -> list[tuple[int, dict[int, dict]]]:
+    """For a check about something other than the collectives (a mode, a sampler, a line
+    printed): return (world size, {rank: record}) for every group, with every rank where the
+    group finished and, where it deadlocked, the ranks that had returned before it was
+    stopped (the larger groups stopped after it decided nothing). The deadlock is charged by
+    the check `see`, which judges the collectives: where no rank is left to judge, this check
+    fails naming it, and so keeps its points (grader.api.Fail). Calls that did not match
+    (gloo stops such a group) count as a deadlock. A rank that raised, or a limit, fails as in
+    `groups_finished`."""
+    judged = []
+    deadlocked = False
+    for g in groups:
+        if g.get("kind") in ("hung", "mismatch", "stopped"):
+            deadlocked = deadlocked or g["kind"] != "stopped"
+            ranks = {r: rec for r, rec in enumerate(g.get("partial") or []) if rec is not None}
+            if ranks:
+                judged.append((g["world_size"], ranks))
+            continue
+        judged.append((g["world_size"], dict(enumerate(expect_ranks_finished(g, what)))))
+    if not judged:
+        if deadlocked:
+            raise Fail(
+                "could not be judged: the ranks deadlocked before any of them returned", see=see
+            )
+        expect_ranks_finished(groups[0], what)  # a failure of another kind: say which
+    return judged
+
+
+class GroupSeen(NamedTuple):
+    """One group of a case, as a check judges it: its size and the records of its ranks."""
+
+    n: int  # how many processes the group had
+    ranks: dict[int, dict]  # each judged rank's record, by rank
+
+    @property
+    def label(self) -> str:
+        return f"with {self.n} processes"
+
+    def each_rank(self) -> list["RankSeen"]:
+        """Return the group's judged ranks, in order."""
+        return [RankSeen(self.n, rank, record, self.ranks) for rank, record in self.ranks.items()]
+
+    def expect(self, condition: bool, message: str, hint: str | None = None) -> None:
+        """Fail with "with N processes, MESSAGE" unless `condition` holds."""
+        if not condition:
+            raise Fail(f"{self.label}, {message}", hint)
+
+
+class RankSeen(NamedTuple):
+    """One rank of a group, as a check judges it."""
+
+    n: int  # how many processes its group had
+    rank: int
+    record: dict  # what the rank's case returned
+    group: dict[int, dict]  # every judged rank's record of the group, by rank
+
+    @property
+    def label(self) -> str:
+        return f"with {self.n} processes, rank {self.rank}"
+
+    def expect(self, condition: bool, message: str, hint: str | None = None) -> None:
+        """Fail with "with N processes, rank R MESSAGE" unless `condition` holds (no space
+        before a message that starts with an apostrophe: "rank 1's weights ...")."""
+        if not condition:
+            gap = "" if message.startswith("'") else " "
+            raise Fail(f"{self.label}{gap}{message}", hint)
+
+
+def every_group(groups: list[dict], see: str | None = None, what: str = "") -> list[GroupSeen]:
+    """Return every group of a case, smallest first, with the records of its ranks.
+
+    Without `see`: every group must have finished, as `groups_finished` demands. With `see`
+    (the check that judges the collectives), a check about something else judges the ranks
+    that returned, where a group deadlocked, as `ranks_that_returned` explains."""
+    if see is None:
+        return [GroupSeen(n, dict(enumerate(ranks))) for n, ranks in groups_finished(groups, what)]
+    return [GroupSeen(n, ranks) for n, ranks in ranks_that_returned(groups, see, what)]
+
+
+def every_rank(groups: list[dict], see: str | None = None, what: str = "") -> list[RankSeen]:
+    """Return every rank of every group (see `every_group`), smallest group first; each
+    fails with its own "with N processes, rank R" prefix (`RankSeen.expect`)."""
+    return [r for g in every_group(groups, see, what) for r in g.each_rank()]
