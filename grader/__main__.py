@@ -3,14 +3,15 @@
 import os
 import sys
 
+from grader import warm
 from grader.sandbox import forkserver
 
 if sys.argv[1:2] in (["check"], ["grade"]) and os.environ.get("GRADER_START") != "spawn":
     # The command runs in a session of the warm fork server, which has imported torch and
-    # the checks already (see grader.sandbox.forkserver), where one answers.
-    warm = forkserver.run_warm(sys.argv)
-    if warm is not None:
-        os._exit(warm)
+    # the checks already (see grader.warm), where one answers.
+    code = warm.run_warm(sys.argv)
+    if code is not None:
+        os._exit(code)
     # Else it runs here: the fork server (started if need be) imports torch while this
     # process does the same, on another core.
     forkserver.start()

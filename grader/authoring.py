@@ -8,17 +8,8 @@ manifest's points into those cells; `problems` lists what does not match.
 import json
 from pathlib import Path
 
+from grader.load.notebook import cells_by_grade_id
 from grader.manifest import load_manifest, solutions_dir
-
-
-def cells_by_grade_id(path: Path) -> dict[str, dict]:
-    """Return the notebook's nbgrader cells by their grade_id."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    return {
-        c["metadata"]["nbgrader"]["grade_id"]: c
-        for c in nb["cells"]
-        if "nbgrader" in c.get("metadata", {})
-    }
 
 
 def problems(folder: Path | None = None) -> list[str]:

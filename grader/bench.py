@@ -30,8 +30,10 @@ from grader.grade_class import Outputs, expand, grade_class
 from grader.manifest import REPO, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
 from grader.report.exports import summary_table
-from grader.sandbox.forkserver import stop, stop_warm
-from grader.sandbox.supervisor import Phases, fork_server, start_mode
+from grader.sandbox.collected import Phases
+from grader.sandbox.forkserver import stop
+from grader.sandbox.starting import fork_server, start_mode
+from grader.sandbox.warm import stop_warm
 
 KINDS = ("reference solutions", "untouched stubs", "catalogued mistakes")
 

@@ -10,7 +10,7 @@ from grader.judge.registry import HiddenChecksUnavailable
 from grader.manifest import load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.results import render_submission
-from grader.sandbox.supervisor import children_fence, fork_server
+from grader.sandbox.starting import children_fence, fork_server
 
 
 def exercise_table() -> str:

@@ -4,7 +4,7 @@
   folder per student) gives one submission per student.
 - Submissions run `jobs` at a time, each in its own fenced children (grader.grading); while
   the cores sit idle (a submission whose ranks deadlocked waits for the verdict), one more
-  starts, up to twice `jobs` (see grader.sandbox.supervisor.SpareCores).
+  starts, up to twice `jobs` (see grader.sandbox.scheduler.SpareCores).
 - After each one finishes, the JSON report, the CSV gradebook and its Gradescope file are
   rewritten atomically, so an interrupted run keeps everything already graded.
 - A submission whose fingerprint (notebooks, grader, options) matches one in the existing
@@ -31,11 +31,13 @@ from grader.grading import (
     select_exercises,
     stop_all_children,
 )
+from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
-from grader.report.results import SubmissionResult, read_json, write_atomically, write_json
-from grader.sandbox.supervisor import Phases, side_by_side_while_idle
+from grader.report.results import read_json, write_atomically, write_json
+from grader.sandbox.collected import Phases
+from grader.sandbox.scheduler import side_by_side_while_idle
 
 
 def is_class_folder(path: Path, manifest: Manifest) -> bool:

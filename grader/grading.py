@@ -20,13 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grader.judge.registry import exercise_checks, narrowed
+from grader.judge.results import SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference
 from grader.judge.verdicts import judge_reported
 from grader.load.reference import available, reference
 from grader.load.submission import Submission, find_submission
 from grader.manifest import load_manifest
-from grader.report.results import SubmissionResult, submission_result
-from grader.sandbox.supervisor import DEVICES, Limits, Phases, run_isolated, stop_all_children
+from grader.sandbox.collected import Limits, Phases
+from grader.sandbox.starting import stop_all_children
+from grader.sandbox.supervisor import DEVICES, run_isolated
 
 __all__ = ["DEVICES", "Limits", "grade_path", "grade_submission", "stop_all_children"]
 

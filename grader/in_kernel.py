@@ -15,11 +15,12 @@ from dplab.devices import grading_devices
 from grader.api import Context, Student
 from grader.grading import DEVICES
 from grader.judge.registry import diagnoser, hidden_checks, public_checks
+from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
 from grader.manifest import Exercise, load_manifest
 from grader.ranks.pools import rank_pools
-from grader.report.results import CheckResult, exercise_result, render_exercise
+from grader.report.results import render_exercise
 from grader.sandbox.runner import run_checks
 
 _public: dict[str, tuple[object, list[CheckResult]]] = {}

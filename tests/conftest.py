@@ -13,12 +13,12 @@ from dplab.devices import grading_devices, remove_cuda_shims
 from grader.api import Context, Student
 from grader.grading import DEVICES, grade_path
 from grader.judge.registry import diagnoser, exercise_checks, narrowed
+from grader.judge.results import ExerciseResult
 from grader.judge.verdicts import judge_exercise
 from grader.load.notebook import load_notebook, read_cells
 from grader.load.reference import reference
 from grader.manifest import REPO, Exercise, load_manifest
 from grader.ranks.apart import autograd_threads_started
-from grader.report.results import ExerciseResult
 from grader.sandbox.runner import run_checks
 
 # The tests never download anything and never open a window.

@@ -77,6 +77,7 @@ def test_the_reference_keeps_full_marks_on_a_loaded_machine(tmp_path):
         for loop in loops:
             loop.kill()
             loop.wait()
+    assert report, "the report has no submission"
     for name, sub in report.items():
         handed_in = {p.name for p in (tmp_path / "class" / name / MANIFEST.assignment).iterdir()}
         failed = [

@@ -164,7 +164,9 @@ def test_from_scratch_plots_the_training_curve(scratch):
 @pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
 def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
     nb = request.getfixturevalue(which)
-    for exercise_id, cell in check_cells(nb).items():
+    cells = check_cells(nb)
+    assert cells, f"no check cell in the {which} notebook"
+    for exercise_id, cell in cells.items():
         assert score_of(cell) == MANIFEST.exercise(exercise_id).points, text_of(cell)
         assert not any(
             o["output_type"] == "stream" and o["name"] == "stderr" for o in cell.outputs
@@ -185,6 +187,7 @@ def test_released_stubs_score_zero_in_their_own_check_cells(notebook, tmp_path):
     nb = execute(EXERCISES / notebook, tmp_path, allow_errors=True)
     cells = check_cells(nb)
     assert set(cells) == {ex.id for ex in MANIFEST.in_notebook(notebook)}
+    assert cells, f"no check cell in {notebook}"
     for cell in cells.values():
         assert score_of(cell) == 0.0, text_of(cell)
         assert "not written yet" in text_of(cell)

@@ -14,8 +14,8 @@ import pytest
 from grader.grading import grade_path
 from grader.manifest import load_manifest
 from grader.sandbox import forkserver
+from grader.sandbox.collected import Phases
 from grader.sandbox.fence import Fence, choose_fence
-from grader.sandbox.supervisor import Phases
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing
 
@@ -77,7 +77,9 @@ def test_notebooks_graded_side_by_side_get_the_verdicts_they_get_one_at_a_time(t
     assert found[1] == found[2]
     crashed = " ".join(m for name, (_, _, m) in found[2].items() if name.startswith("try_gpu"))
     assert "segmentation fault" in crashed and "Fatal Python error" in crashed
-    assert all(passed for name, (passed, _, _) in found[2].items() if "allreduce" in name)
+    allreduce = [passed for name, (passed, _, _) in found[2].items() if "allreduce" in name]
+    assert allreduce, "no allreduce check in the verdicts"
+    assert all(allreduce)
     resnet = [m for name, (_, _, m) in found[2].items() if name.startswith("resnet18")]
     assert resnet and not any("segmentation fault" in m or "Fatal" in m for m in resnet)
 
@@ -96,6 +98,7 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
     helper, back from the end; a crash there is restarted there. Every verdict is the one a
     single child gives."""
     import grader.grading
+    import grader.sandbox.scheduler as scheduler
     import grader.sandbox.supervisor as supervisor
 
     folder = tmp_path / "shared" / MANIFEST.assignment
@@ -134,20 +137,23 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
     alone = verdicts(grade_path(folder, exercises, side_by_side=1))
     monkeypatch.undo()
     monkeypatch.setattr(grader.grading, "run_isolated", counting)
-    monkeypatch.setattr(supervisor, "spare_cores", IdleCores)
+    monkeypatch.setattr(scheduler, "spare_cores", IdleCores)
     shared = verdicts(grade_path(folder, exercises, side_by_side=1))
     assert helpers[0] == 0 and helpers[1] >= 1
     assert shared == alone
     crashed = [m for name, (_, _, m) in shared.items() if name.startswith("split_batch")]
     assert any("exited with code 3" in m for m in crashed)
-    assert all(p for name, (p, _, _) in shared.items() if name.startswith(("allreduce", "train")))
+    kept = [p for name, (p, _, _) in shared.items() if name.startswith(("allreduce", "train"))]
+    assert kept, "no allreduce or train_batch check in the verdicts"
+    assert all(kept)
 
 
 def test_shares_give_each_case_to_the_loop_that_takes_it_first():
     """Cases are told apart by exercise too: both exercises here have a `book_demo`."""
     from grader.judge.registry import exercise_checks
+    from grader.sandbox.collected import Collected
     from grader.sandbox.runner import unique_cases
-    from grader.sandbox.supervisor import Collected, Shares
+    from grader.sandbox.scheduler import Shares
 
     found = {
         e: unique_cases(exercise_checks(MANIFEST.exercise(e), include_hidden=False))
@@ -172,8 +178,10 @@ def test_shares_give_each_case_to_the_loop_that_takes_it_first():
 def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_others():
     """train_ddp's ranks stop at its end: a helper that began with it would fork twice."""
     from grader.judge.registry import exercise_checks
+    from grader.sandbox.collected import Collected
     from grader.sandbox.runner import unique_cases
-    from grader.sandbox.supervisor import Collected, Shares, holds_in_ranks
+    from grader.sandbox.scheduler import Shares
+    from grader.sandbox.supervisor import holds_in_ranks
 
     ids = ("evaluate_accuracy_distributed", "train_ddp", "train_loop")
     cases = {
@@ -189,6 +197,7 @@ def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_oth
     assert (
         helper is not None and shares.owner["evaluate_accuracy_distributed", evaluate[-1]] is helper
     )
+    assert ddp, "train_ddp has no case"
     assert all(("train_ddp", name) not in shares.owner for name in ddp)
     order = shares.backwards(shares.open(helper, collected))
     assert order == [("evaluate_accuracy_distributed", evaluate[:0:-1]), ("train_ddp", ddp[::-1])]
@@ -236,7 +245,7 @@ def test_huge_pages_leave_forked_children_computing_as_before():
     time (where the system has them); children forked afterwards compute the same."""
     code = (
         "import os, torch\n"
-        "from grader.sandbox.forkserver import huge_pages\n"
+        "from grader.sandbox.preload import huge_pages\n"
         "x = torch.arange(6.0).reshape(2, 3)\n"
         "step, steps = huge_pages(), 1\n"
         "while not step():\n"
@@ -259,7 +268,7 @@ def test_huge_pages_leave_forked_children_computing_as_before():
 def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
     code = (
         "import sys\n"
-        "from grader.sandbox.forkserver import preload, the_rest\n"
+        "from grader.sandbox.preload import preload, the_rest\n"
         "preload()\n"
         "for step in the_rest(): step()\n"
         "print(sorted(m for m in sys.modules if m.startswith(('grader.hidden', "

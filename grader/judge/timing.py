@@ -12,7 +12,8 @@ from grader.api import Check
 from grader.load.reference import available
 from grader.load.submission import Submission
 from grader.manifest import solutions_dir
-from grader.sandbox.supervisor import Collected, Limits, run_isolated
+from grader.sandbox.collected import Collected, Limits
+from grader.sandbox.supervisor import run_isolated
 
 MARGIN = 10  # a case may use this many times the reference's processor time
 

@@ -7,11 +7,12 @@ from dplab.devices import grading_devices
 from grader.api import Check, Context, Crash, Fail, Raised, raised_in
 from grader.base.values import unpack
 from grader.judge.registry import diagnoser
+from grader.judge.results import CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference
 from grader.load.submission import Submission
 from grader.manifest import Exercise
-from grader.report.results import CheckResult, ExerciseResult, exercise_result
-from grader.sandbox.supervisor import DEVICES, Collected
+from grader.sandbox.collected import Collected
+from grader.sandbox.supervisor import DEVICES
 
 Diagnose = Callable[[Raised], str | None]
 LIMIT_HINT = (

@@ -292,3 +292,13 @@ def _run_statement(
             f"{where}: raised {type(error).__name__}{': ' + message[:200] if message else ''}"
             " (loading went on)"
         )
+
+
+def cells_by_grade_id(path: Path) -> dict[str, dict]:
+    """Return the notebook's nbgrader cells by their grade_id."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        c["metadata"]["nbgrader"]["grade_id"]: c
+        for c in nb["cells"]
+        if "nbgrader" in c.get("metadata", {})
+    }

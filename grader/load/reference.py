@@ -16,8 +16,7 @@ import threading
 from functools import cache
 from pathlib import Path
 
-from grader.authoring import cells_by_grade_id
-from grader.load.notebook import load_cells, read_cells
+from grader.load.notebook import cells_by_grade_id, load_cells, read_cells
 from grader.manifest import load_manifest, solutions_dir
 
 _lock = threading.Lock()

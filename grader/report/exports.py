@@ -6,8 +6,9 @@ import io
 import json
 from pathlib import Path
 
+from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest
-from grader.report.results import SubmissionResult, write_atomically
+from grader.report.results import write_atomically
 
 
 def gradebook_csv(results: list[SubmissionResult], manifest: Manifest) -> str:

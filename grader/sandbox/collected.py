@@ -1,0 +1,97 @@
+"""What grading children report for a submission, the limits they run under, and where a
+child was when it stopped."""
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one grading child may use."""
+
+    check_seconds: float = 60.0  # processor time of one case, per thread (0: no limit)
+    exercise_seconds: float = 900.0  # wall time of one exercise, loading included: a backstop
+    memory_gib: float = 4.0  # data memory of the child (0: no limit)
+    idle_seconds: float = 30.0  # a case that computes nothing for this long is stopped
+
+
+class Phases:
+    """Wall-clock seconds spent in each phase of grading, added up over children and
+    submissions (for `make bench-grade`): starting a child up to its first report, loading
+    notebooks, running cases, and judging (in grader.grading)."""
+
+    NAMES = ("start-up", "notebook load", "cases", "judging")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.NAMES, 0.0)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] += seconds
+
+
+@dataclass
+class Collected:
+    """What the children reported for one submission."""
+
+    outcomes: dict[str, dict[str, dict]] = field(
+        default_factory=dict
+    )  # exercise -> case -> outcome
+    stopped: dict[str, str] = field(default_factory=dict)  # exercise -> why it did not finish
+    changed: dict[str, list[str]] = field(default_factory=dict)  # exercise -> tampered names
+    notes: dict[str, list[str]] = field(default_factory=dict)  # notebook -> loading notes
+    skip: dict[str, list[list[int]]] = field(default_factory=dict)  # notebook -> [cell, line]
+    skip_notes: dict[str, list[str]] = field(default_factory=dict)  # why they were skipped
+    phases: Phases = field(default_factory=Phases)  # where the time went
+    helpers: int = 0  # children started to share out a notebook's exercises (see Shares)
+
+    def progress(self, exercises: list) -> int:
+        """Return how many cases of `exercises` have an outcome, plus those found tampering."""
+        return sum(len(self.outcomes.get(ex.id, {})) + (ex.id in self.changed) for ex in exercises)
+
+
+# ---- where a child was when it stopped ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnStatement:
+    """A top-level statement of a notebook, while loading it."""
+
+    notebook: str
+    cell: int
+    line: int
+
+
+@dataclass(frozen=True)
+class OnNotebook:
+    """Loading a notebook, before its first statement."""
+
+    notebook: str
+
+
+@dataclass(frozen=True)
+class OnCase:
+    """A case of an exercise."""
+
+    exercise: str
+    case: str
+
+
+@dataclass(frozen=True)
+class OnExercise:
+    """An exercise, between two of its cases."""
+
+    exercise: str
+
+
+Where = OnStatement | OnNotebook | OnCase | OnExercise | None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How a child ended: where it was (None: between exercises, or done) and why ("": it
+    ended as it should)."""
+
+    on: Where
+    reason: str

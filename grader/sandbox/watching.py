@@ -1,0 +1,247 @@
+"""Watch a running grading child: read its frames, know what it is on, measure the processor
+time of its process group, and stop it at a limit."""
+
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader.load.reference import available, held_sources
+from grader.manifest import load_manifest
+from grader.sandbox.collected import (
+    Collected,
+    Limits,
+    OnCase,
+    OnExercise,
+    OnNotebook,
+    OnStatement,
+    Where,
+)
+from grader.sandbox.frames import send_reply
+
+LOG_LINES = 12  # of a crashed child's log, kept in the reason
+
+
+# ---- watching a child --------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """What the child is doing, as its frames tell, and how much it has computed."""
+
+    exercise: str = ""  # the exercise it is on ("" between exercises)
+    loading: str = ""  # the notebook it is loading
+    statement: tuple[int, int] | None = None  # (code cell, line) of the statement running
+    case: str = ""  # the case running
+    exercise_started: float = 0.0  # wall clock
+    case_cpu: float = 0.0  # processor time at the start of the case
+    started: float = 0.0  # wall clock when the child was asked for
+    reported: bool = False  # it has sent its first frame
+    phase_started: float = 0.0  # wall clock at the start of a load or a case
+    cpu: float = 0.0  # processor time, last reading
+    computed_at: float = 0.0  # wall clock of the last reading that had grown
+
+    def where(self) -> Where:
+        """Say what the child is on."""
+        if self.loading and self.statement is not None:
+            return OnStatement(self.loading, *self.statement)
+        if self.loading:
+            return OnNotebook(self.loading)
+        if self.exercise and self.case:
+            return OnCase(self.exercise, self.case)
+        if self.exercise:
+            return OnExercise(self.exercise)
+        return None
+
+
+def describe_exit(code: int) -> str:
+    """Say in words how a child process ended."""
+    if code < 0:
+        name = signal.Signals(-code).name
+        return {
+            "SIGSEGV": "crashed with a segmentation fault",
+            "SIGBUS": "crashed with a bus error",
+            "SIGABRT": "aborted",
+            "SIGKILL": "was killed (SIGKILL), most likely for using too much memory",
+            "SIGXFSZ": "wrote more output than allowed",
+        }.get(name, f"was killed by {name}")
+    return f"exited with code {code} (the code called os._exit or sys.exit, or crashed)"
+
+
+def log_tail(log: Path, lines: int = LOG_LINES) -> str:
+    """Return what a child's log (its stderr) says about how it ended: its last fatal error
+    (faulthandler's report, innermost call first) from the top, else its last lines (a
+    Python traceback ends with the error)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [
+        line
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("Extension modules:")
+    ]
+    starts = [i for i, line in enumerate(kept) if line.startswith("Fatal Python error")]
+    if starts and len(kept) - starts[-1] > lines:
+        return "\n".join(kept[starts[-1] : starts[-1] + lines])
+    return "\n".join(kept[-lines:])
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def processor_seconds_of(pid: int) -> float | None:
+    """Return the processor time process `pid` has used, all threads, or None if unknown."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime and stime
+
+
+class GroupTime:
+    """The processor time of a child and of the processes it started (the ranks of a process
+    group, which share its process group): what a case's limits count. Who belongs is read
+    from /proc once a second; their times at every reading."""
+
+    def __init__(self, leader: int) -> None:
+        self.leader = leader
+        self.members: dict[int, float] = {}  # pid -> its processor time, as last read
+        self.looked = 0.0
+        self.ended = 0.0  # the time of members that have gone, as last read
+
+    def _look(self) -> None:
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != self.leader and int(name) not in self.members:
+                fields = _stat_fields(name)
+                if fields is not None and fields[2] == str(self.leader):  # pgrp
+                    self.members[int(name)] = 0.0
+        self.looked = time.monotonic()
+
+    def seconds(self) -> float | None:
+        """Return the group's processor time so far, or None once the child is gone."""
+        own = processor_seconds_of(self.leader)
+        if own is None:
+            return None
+        if time.monotonic() - self.looked > 1.0:
+            self._look()
+        for pid in list(self.members):
+            seconds = processor_seconds_of(pid)
+            if seconds is None:  # it has ended: keep the time it had when last read
+                self.ended += self.members.pop(pid)
+            else:
+                self.members[pid] = seconds
+        return own + self.ended + sum(self.members.values())
+
+
+def held_reply(exercise: str, asked: list[str], plan) -> list[str] | None:
+    """Return the reference cells for what the exercise's cases hold, or None if there are
+    none to give (no reference here, or a request the plan does not explain)."""
+    ex = load_manifest().exercise(exercise)
+    allowed = {n for _, case, _ in plan for n in case.holds}
+    names = [n for n in asked if n in allowed]
+    if not names or not available(ex.notebook):
+        return None
+    return held_sources(ex.notebook, names)
+
+
+def phase_seconds(said: object, now: float, watch: Watch) -> float:
+    """Return how long a phase took: from its start frame to its end frame, or, when both came
+    in one read (a busy machine), what the child says it took. Only `make bench-grade` reads
+    the phases, never a grade, so the child's word is taken, within the child's lifetime."""
+    seen = now - watch.phase_started
+    if isinstance(said, int | float) and math.isfinite(said):
+        seen = max(seen, min(float(said), now - watch.started))
+    return max(seen, 0.0)
+
+
+def follow(
+    frame: dict,
+    watch: Watch,
+    now: float,
+    collected: Collected,
+    plans: dict,
+    reply_fd: int,
+    nonce: str,
+    claim: Callable[[str, str], bool] = lambda exercise, case: True,
+) -> None:
+    """Take one frame of the child's report into `watch` and `collected`, and answer the
+    frames that ask (`claim`, `held`)."""
+    kind = frame["kind"]
+    if not watch.reported:
+        watch.reported = True
+        collected.phases.add("start-up", now - watch.started)
+    if kind in ("loading", "case-start"):
+        watch.phase_started = now
+    elif kind == "loaded":
+        collected.phases.add("notebook load", phase_seconds(frame.get("seconds"), now, watch))
+    elif kind == "case":
+        outcome = frame.get("outcome")
+        said = outcome.get("seconds") if isinstance(outcome, dict) else None
+        collected.phases.add("cases", phase_seconds(said, now, watch))
+    if kind == "exercise-start":
+        watch.exercise, watch.exercise_started = str(frame["exercise"]), now
+    elif kind == "loading":
+        watch.loading = str(frame["notebook"])
+        watch.case_cpu, watch.computed_at = watch.cpu, now
+    elif kind == "statement":
+        watch.statement = (int(frame["cell"]), int(frame["line"]))
+        watch.case_cpu, watch.computed_at = watch.cpu, now
+    elif kind == "loaded":
+        watch.loading, watch.statement = "", None
+        collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
+    elif kind == "claim":
+        exercise, case = str(frame.get("exercise")), str(frame.get("case"))
+        planned = any(name == case for name, _, _ in plans.get(exercise, []))
+        send_reply(reply_fd, nonce, go=planned and claim(exercise, case))
+    elif kind == "held":
+        asked = [str(n) for n in frame.get("names", [])]
+        cells = None
+        if frame.get("exercise") == watch.exercise and watch.exercise in plans:
+            cells = held_reply(watch.exercise, asked, plans[watch.exercise])
+        send_reply(reply_fd, nonce, cells=cells)
+    elif kind == "case-start":
+        watch.case, watch.case_cpu = str(frame["case"]), watch.cpu
+        watch.computed_at = now
+    elif kind == "case":
+        watch.case = ""
+        collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame["outcome"]
+    elif kind == "exercise-done":  # (children that shared the exercise report in turn)
+        changed = collected.changed.get(frame["exercise"], [])
+        collected.changed[frame["exercise"]] = sorted({*changed, *frame.get("changed", [])})
+        if frame.get("unloadable"):
+            collected.stopped[frame["exercise"]] = str(frame["unloadable"])
+        watch.exercise = ""
+
+
+def over_a_limit(
+    watch: Watch, cpu: float | None, now: float, limits: Limits, hard_cpu: float
+) -> str:
+    """Return why the child must be stopped now, or "" if it may go on."""
+    busy = watch.case or watch.loading  # a case, or a statement while loading
+    if busy and hard_cpu and cpu is not None and cpu - watch.case_cpu > hard_cpu:
+        return (
+            f"it used more than {limits.check_seconds:g} s of processor time, the "
+            "time limit per check, and did not stop"
+        )
+    if busy and limits.idle_seconds and now - watch.computed_at > limits.idle_seconds:
+        return (
+            f"it computed nothing for {limits.idle_seconds:g} s: it was waiting "
+            "(time.sleep, input(), a lock or a pipe)"
+        )
+    if limits.exercise_seconds and now - watch.exercise_started > limits.exercise_seconds:
+        what = f"loading {watch.loading}" if watch.loading else "this exercise"
+        return f"{what} ran past the time limit of {limits.exercise_seconds:g} s of wall time"
+    return ""
