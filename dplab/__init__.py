@@ -24,6 +24,7 @@ from dplab.devices import (
     synchronize,
     try_all_gpus,
     try_gpu,
+    use_stand_ins,
 )
 from dplab.distributed import (
     Launched,
@@ -67,6 +68,7 @@ __all__ = [
     "time_allreduce",
     "try_all_gpus",
     "try_gpu",
+    "use_stand_ins",
 ]
 
 

@@ -26,9 +26,10 @@ the lab's devices are stand-ins (or the CPU), so that code which runs on two GPU
                                unchanged: a CUDA device, which fails without GPUs as PyTorch
                                says. The lab's checks hand your functions their devices.
 
-The grader always checks on two distinct devices, whatever DPLAB_DEVICES says
-(`grading_mode`): two GPUs where there are two, else stand-ins. So a placement mistake costs
-the same on a laptop as on a GPU server, and `DPLAB_DEVICES=cpu` changes no grade.
+The stand-ins switch on in one place, `use_stand_ins()`, which the lab calls when it first
+hands out a stand-in (from `try_gpu`, `try_all_gpus` or `gpu`) and which prints a line saying
+so. (The grader always checks on two distinct devices, whatever DPLAB_DEVICES says: see
+grader.devices.)
 """
 
 import os
@@ -60,14 +61,6 @@ def device_mode() -> str:
     return mode
 
 
-def grading_mode() -> str:
-    """Return the device mode the checks run in: "real" with two GPUs or more (unless
-    DPLAB_DEVICES asks for stand-ins), otherwise "stand-in"; never "cpu", whose repeated
-    device would hide a missing `.to(device)`."""
-    mode = device_mode()
-    return "real" if mode in ("auto", "real") and num_gpus() >= 2 else "stand-in"
-
-
 def stand_in_count() -> int:
     """Return how many stand-in devices the lab offers (DPLAB_STAND_INS, default 2)."""
     value = os.environ.get("DPLAB_STAND_INS", "2")
@@ -92,6 +85,21 @@ def _tell(message: str) -> None:
         print(message)
 
 
+def use_stand_ins(count: int = 2) -> None:
+    """Switch the stand-in devices sim:0 ... sim:count-1 on (and the book's
+    `torch.cuda.synchronize()` with them), saying so once: from here on, tensors may live on
+    them. The lab calls it when it first hands out a stand-in."""
+    sim.enable(count)
+    install_cuda_shims()
+    backing = sim.backing_device()
+    have = "no GPU" if num_gpus() == 0 else f"{num_gpus()} GPU" + ("s" if num_gpus() > 1 else "")
+    _tell(
+        f"dplab: this machine has {have}, so the lab gives you stand-in devices sim:0, "
+        f"sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
+        "real GPUs, and the numbers come out the same; only the speed differs."
+    )
+
+
 def device_count() -> int:
     """Return how many devices the lab trains on by default: every GPU when there are two
     or more, otherwise the number of stand-ins."""
@@ -111,16 +119,7 @@ def lab_device(i: int = 0, mode: str | None = None) -> torch.device:
         return torch.device("cpu")
     if not using_stand_ins(mode):
         return torch.device(f"cuda:{i}") if i < num_gpus() else torch.device("cpu")
-    count = max(stand_in_count(), i + 1)
-    sim.enable(count)
-    install_cuda_shims()
-    backing = sim.backing_device()
-    have = "no GPU" if num_gpus() == 0 else f"{num_gpus()} GPU" + ("s" if num_gpus() > 1 else "")
-    _tell(
-        f"dplab: this machine has {have}, so the lab gives you stand-in devices sim:0, "
-        f"sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
-        "real GPUs, and the numbers come out the same; only the speed differs."
-    )
+    use_stand_ins(max(stand_in_count(), i + 1))
     return torch.device("sim", i)
 
 
@@ -129,11 +128,6 @@ def lab_devices(n: int = 2, mode: str | None = None) -> list[torch.device]:
     if n < 1:
         raise ValueError(f"ask for at least one device, got {n}")
     return [lab_device(i, mode) for i in range(n)]
-
-
-def grading_devices(n: int = 2) -> list[torch.device]:
-    """Return the `n` distinct devices the checks run on (see `grading_mode`)."""
-    return lab_devices(n, grading_mode())
 
 
 def try_gpu(i: int = 0) -> torch.device:

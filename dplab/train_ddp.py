@@ -5,12 +5,9 @@
 Every process runs this file. torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and the meeting
 point; the script joins the group with NCCL and `cuda:LOCAL_RANK` where each process has a
 GPU, else with gloo on the CPU, loads `train_ddp` and `lenet` (or `--model NAME`) from the
-notebook (its training cells and launches are not run) and trains. Across machines, run the
-same command on each with `--nnodes`, `--rdzv-backend c10d` and one `--rdzv-endpoint` (see
-the README).
-
-`--record DIR` also writes, per rank, the weights at the first step and at the end, the
-examples each step used and the accuracies, so that a test can replay the run in one process.
+notebook (its training runs and launches are not run: dplab.notebook) and trains. Across
+machines, run the same command on each with `--nnodes`, `--rdzv-backend c10d` and one
+`--rdzv-endpoint` (see the README).
 """
 
 import argparse
@@ -50,7 +47,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--subset", type=int, nargs=2, metavar=("TRAIN", "TEST"), help="keep only the first"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--record", type=Path, help="write each rank's run there (for tests)")
     return parser.parse_args(argv)
 
 
@@ -70,18 +66,17 @@ def join_group() -> torch.device:
 
 
 def load_functions(notebook: Path, model: str) -> dict:
-    """Return the notebook's definitions, with none of its training or launches run."""
-    from grader.load.notebook import NotebookError, load_notebook
-    from grader.manifest import load_manifest
+    """Return the notebook's definitions, with none of its training runs or launches run."""
+    from dplab.notebook import NotebookError, definitions
 
     try:
-        loaded = load_notebook(notebook, load_manifest().training_functions)
-    except NotebookError as error:
-        raise SystemExit(f"dplab.train_ddp: {error}") from None
+        found = definitions(notebook, skip_calls=frozenset({"train_ddp", "train"}))
+    except (NotebookError, SyntaxError) as error:
+        raise SystemExit(f"dplab.train_ddp: {notebook}: {error}") from None
     for name in ("train_ddp", model):
-        if not callable(loaded.namespace.get(name)):
+        if not callable(found.get(name)):
             raise SystemExit(f"dplab.train_ddp: {notebook} defines no function `{name}`")
-    return loaded.namespace
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,44 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     import dplab
 
     device = join_group()
-    rank = dist.get_rank()
     try:
         found = load_functions(notebook, args.model)
-        source = "sample" if args.data == "sample" else args.data
         train_set, test_set = dplab.fashion_mnist_datasets(
-            source=source, subset=tuple(args.subset) if args.subset else None
+            source=args.data, subset=tuple(args.subset) if args.subset else None
         )
         torch.manual_seed(args.seed)
         net = found[args.model]()
-        record = Recorder(net, train_set, rank) if args.record else None
-        data = (record.dataset if record else train_set, test_set)
-        history = found["train_ddp"](net, args.epochs, args.batch_size, args.lr, data, device)
-        if record:
-            record.save(args.record, history)
+        found["train_ddp"](
+            net, args.epochs, args.batch_size, args.lr, (train_set, test_set), device
+        )
     finally:
         dist.destroy_process_group()
     return 0
-
-
-class Recorder:
-    """Notes a rank's run: the weights at its first training step and at the end, and the
-    examples each step used (grader.checks.train_ddp replays such a run)."""
-
-    def __init__(self, net: torch.nn.Module, train_set, rank: int) -> None:
-        from grader.checks.train_ddp import RunLog, state
-
-        self.net, self.rank, self.state = net, rank, state
-        self.run = RunLog(net, train_set.tensors[0])
-        self.dataset = train_set
-
-    def save(self, folder: Path, history: list[float]) -> None:
-        self.run.close()
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"first": self.run.first, "final": self.state(self.net), "log": self.run.log,
-             "history": list(history)},
-            folder / f"rank{self.rank}.pt",
-        )  # fmt: skip
 
 
 if __name__ == "__main__":

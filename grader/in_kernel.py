@@ -11,8 +11,8 @@ import os
 import warnings
 from collections.abc import Callable
 
-from dplab.devices import grading_devices
 from grader.api import Context, Student
+from grader.devices import grading_devices
 from grader.grading import DEVICES
 from grader.judge.registry import diagnoser, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result

@@ -21,20 +21,16 @@ import torch
 import torch.distributed as dist
 
 import dplab.distributed
-from dplab.distributed import (
-    ANSWER_SECONDS,
-    QUIET_SECONDS,
-    GroupStopped,
-    RankFailed,
-    RankPool,
-    RanksHung,
-    RanksTimedOut,
-    launch,
-    launch_each,
-)
+import dplab.rank
+import dplab.watch
+import grader.ranks.rankpool
+from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
+from dplab.watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet
 from grader.checks.train_ddp import plain_state, replay_on, training_steps
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
+from grader.ranks.rankpool import RankPool
+from grader.ranks.side_by_side import GroupStopped, launch_each
 from tests.conftest import SOLUTIONS, python, write_notebook
 
 # ---- the launcher --------------------------------------------------------------------------
@@ -149,10 +145,10 @@ def both_receive():
 @pytest.fixture
 def watch_steps(monkeypatch) -> list[tuple]:
     """Record, in order, the parent's steps towards a quick deadlock verdict: each reading of
-    whether the ranks stayed quiet (`_quiet`), the waiting ranks asked to run Python, whether
+    whether the ranks stayed quiet (`quiet`), the waiting ranks asked to run Python, whether
     one answered, and their stacks taken for a verdict."""
     steps: list[tuple] = []
-    group, quiet = dplab.distributed._Group, dplab.distributed._quiet
+    group = Group
 
     def recorded(name: str, fn, shown=lambda said, args: said):
         def step(*args):
@@ -162,7 +158,7 @@ def watch_steps(monkeypatch) -> list[tuple]:
 
         return step
 
-    monkeypatch.setattr(dplab.distributed, "_quiet", recorded("quiet", quiet))
+    monkeypatch.setattr(dplab.watch, "quiet", recorded("quiet", quiet))
     asked = recorded("asked", group.ask_awake, lambda said, args: list(args[1]))
     monkeypatch.setattr(group, "ask_awake", asked)
     monkeypatch.setattr(group, "answered", recorded("answered", group.answered))
@@ -261,13 +257,13 @@ def test_a_thread_kept_waiting_for_a_processor_counts_as_wanting_to_run(monkeypa
     listdir, clock = os.listdir, [100.0]
     monkeypatch.setattr(os, "listdir", lambda path=".": tasks.get(path) or listdir(path))
     monkeypatch.setattr(
-        dplab.distributed,
+        dplab.watch,
         "open",
         lambda path, *a, **k: io.BytesIO(proc[path]) if path in proc else open(path, *a, **k),
         raising=False,
     )
-    monkeypatch.setattr(dplab.distributed, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    groups = {pid: dplab.distributed._Group(Path("."), [pid], False) for pid in (STARVED, SLEEPER)}
+    monkeypatch.setattr(dplab.watch, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    groups = {pid: Group(Path("."), [pid], False) for pid in (STARVED, SLEEPER)}
     thread(STARVED, 3_000_000, 500_000_000, 7, "R")
     thread(SLEEPER, 40_000_000, 1_000_000, 12, "S")
     last = {pid: g.demand() for pid, g in groups.items()}
@@ -363,17 +359,17 @@ def fails_to_form(fn, args, kwargs, rank, world, backend, folder, init_timeout):
 
     if not (folder.parent / "failed-once").exists():
         (folder.parent / "failed-once").touch()
-        dplab.distributed._leave_error(folder, rank, dplab.distributed.GroupNotFormed("closed"))
+        dplab.rank.leave_error(folder, rank, dplab.distributed.GroupNotFormed("closed"))
         return 1
     return ORIGINAL_ONE_RUN(fn, args, kwargs, rank, world, backend, folder, init_timeout)
 
 
-ORIGINAL_ONE_RUN = dplab.distributed._one_run
+ORIGINAL_ONE_RUN = dplab.rank.one_run
 
 
 def test_a_run_whose_group_could_not_form_runs_again_on_new_ranks(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the runs' folders go
-    monkeypatch.setattr(dplab.distributed, "_one_run", fails_to_form)  # (the ranks fork it)
+    monkeypatch.setattr(grader.ranks.rankpool, "one_run", fails_to_form)  # (the ranks fork it)
     with RankPool() as pool:
         done = pool.run_each([(who_and_how_many, 2)], backend="gloo")[0]
         assert pool.formed_again == [2]
@@ -465,6 +461,9 @@ import sys
 from grader.sandbox.preload import preload, the_rest
 from grader.load.notebook import imported_when_used
 import dplab.distributed
+import dplab.rank
+import dplab.watch
+import grader.ranks.rankpool
 preload()
 for step in the_rest():
     step()
@@ -547,7 +546,7 @@ def test_torchrun_trains_two_ranks_in_step_with_one_process(tmp_path):
             "--nproc-per-node",
             "2",
             "-m",
-            "dplab.train_ddp",
+            "tests.ddp_recorded",  # dplab.train_ddp, each rank's run noted
             "--notebook",
             str(notebook),
             "--model",

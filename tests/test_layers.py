@@ -17,6 +17,7 @@ LAYERS = {
     "vocabulary": (
         "grader.manifest",
         "grader.settings",
+        "grader.devices",
         "grader.limits",
         "grader.watch",
         "grader.base",

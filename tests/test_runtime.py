@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import dplab
+import grader.devices
 from dplab import data as fm
 from dplab.devices import lab_devices, scatter, synchronize, try_all_gpus, try_gpu
 
@@ -127,7 +128,7 @@ def test_the_english_editions_device_helpers(monkeypatch):
 def test_checks_always_run_on_two_distinct_devices(monkeypatch, mode, gpus, wanted):
     monkeypatch.setenv("DPLAB_DEVICES", mode)
     monkeypatch.setattr(dplab.devices, "num_gpus", lambda: gpus)
-    assert dplab.devices.grading_mode() == wanted
+    assert grader.devices.grading_mode() == wanted
 
 
 def test_the_exercises_are_not_in_the_labs_d2l():

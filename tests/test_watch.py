@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import dplab.distributed
 import grader.fixtures
+from grader.ranks import plugins
 from grader.watch import TORCH_FUNCTIONS, Snapshot, counted_attributes, watched_objects
 
 
@@ -129,15 +129,15 @@ def test_a_process_group_starts_without_searching_the_installed_packages_again(
         return original(**params)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", counting)
-    dplab.distributed._BACKEND_PLUGINS.clear()  # as in a process that has not looked yet
-    dplab.distributed.look_up_backend_plugins()
-    assert searches == [{"group": dplab.distributed.PLUGIN_GROUP}]
-    with dplab.distributed._backend_plugins_known():
+    plugins._BACKEND_PLUGINS.clear()  # as in a process that has not looked yet
+    plugins.look_up_backend_plugins()
+    assert searches == [{"group": plugins.PLUGIN_GROUP}]
+    with plugins.backend_plugins_known():
         for _ in range(3):
             store = dist.FileStore(str(tmp_path / "store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
             assert dist.get_backend() == "gloo"
             dist.destroy_process_group()
         assert importlib.metadata.entry_points(group="console_scripts") is not None
-    assert len([s for s in searches if s == {"group": dplab.distributed.PLUGIN_GROUP}]) == 1
+    assert len([s for s in searches if s == {"group": plugins.PLUGIN_GROUP}]) == 1
     assert importlib.metadata.entry_points is counting  # put back as it was

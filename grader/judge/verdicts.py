@@ -3,9 +3,9 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dplab.devices import grading_devices
 from grader.api import Check, Context, Crash, Fail, Raised, raised_in
 from grader.base.values import unpack
+from grader.devices import grading_devices
 from grader.judge.registry import diagnoser
 from grader.judge.results import CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference

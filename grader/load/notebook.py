@@ -28,14 +28,20 @@ from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-import dplab
-from dplab.distributed import LaunchSkipped, launches_skipped
+from dplab.launched import LaunchSkipped, launches_skipped
+from dplab.notebook import (  # (a loader's reading rules are the runtime's)
+    NEVER_CALLED,
+    calls_any,
+    install_d2l_alias,
+    read_cells,
+)
+from dplab.notebook import (
+    NotebookError as NotebookError,
+)
+from dplab.notebook import (
+    strip_magics as strip_magics,
+)
 from grader.limits import TimeLimit, time_limit
-
-# Never run while loading: the notebook's own check cells (grading runs the checks) and its
-# launches of process groups (`d2l.launch(...)`: demos and training runs, for people).
-NEVER_CALLED = frozenset({"check", "launch"})
-
 
 # What a notebook imports only to draw: where not yet imported, it loads when first used
 # (importlib's LazyLoader). matplotlib.pyplot takes 0.2 to 0.5 s to import, and neither
@@ -76,10 +82,6 @@ def imported_when_used(names: tuple[str, ...] = WHEN_USED) -> Iterator[None]:
         sys.meta_path.remove(finder)
 
 
-class NotebookError(Exception):
-    """The file cannot be read as a notebook at all."""
-
-
 @dataclass
 class Loaded:
     """What loading a notebook gave: the student's namespace and what happened on the way."""
@@ -87,83 +89,6 @@ class Loaded:
     path: Path
     namespace: dict
     notes: list[str] = field(default_factory=list)
-
-
-def install_d2l_alias() -> None:
-    """Make `import d2l`, `from d2l import torch as d2l` and `import d2l.torch` give dplab."""
-    package = types.ModuleType("d2l", "Stand-in for the d2l package: its torch part is dplab.")
-    package.torch = dplab
-    package.__path__ = []
-    sys.modules["d2l"] = package
-    sys.modules["d2l.torch"] = dplab
-
-
-def read_cells(path: Path) -> list[str]:
-    """Return the sources of the notebook's code cells, or raise NotebookError saying why not."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise NotebookError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise NotebookError(f"{path} cannot be read: {error}") from None
-    try:
-        nb = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise NotebookError(
-            f"{path} is not valid JSON ({error.msg} at line {error.lineno}); "
-            "open it in JupyterLab and save it again, or submit a fresh copy"
-        ) from None
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotebookError(f"{path} is JSON but not a notebook: it has no list of cells")
-    sources = []
-    for cell in nb["cells"]:
-        if isinstance(cell, dict) and cell.get("cell_type") == "code":
-            source = cell.get("source", "")
-            sources.append("".join(source) if isinstance(source, list) else str(source))
-    return sources
-
-
-def strip_magics(source: str) -> tuple[str, str | None]:
-    """Blank out IPython-only lines; return the code and a note if something was dropped."""
-    lines = source.splitlines()
-    first = lines[0].strip() if lines else ""
-    if first.startswith("%%"):
-        if first.split()[0] in ("%%time", "%%capture"):
-            return "\n".join([""] + lines[1:]), None
-        return "", f"skipped a {first.split()[0]} cell magic"
-    kept = []
-    for line in lines:
-        stripped = line.lstrip()
-        if stripped.startswith(("%", "!")):
-            indent = line[: len(line) - len(stripped)]
-            kept.append(f"{indent}pass" if indent else "")
-        else:
-            kept.append(line)
-    return "\n".join(kept), None
-
-
-def calls_any(node: ast.AST, names: frozenset[str]) -> str | None:
-    """Return the name of a function in `names` that `node` calls at top level, if any:
-    `train(...)`, `d2l.launch(...)`, or a call that hands one over to run, such as
-    `d2l.launch(train_ddp, ...)` or `mp.spawn(train_ddp, ...)`.
-
-    Calls inside function or class bodies and lambdas do not count: defining is not running.
-    """
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-        return None
-    if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Name) and func.id in names:
-            return func.id
-        if isinstance(func, ast.Attribute) and func.attr in names & NEVER_CALLED:
-            return func.attr  # d2l.launch(...), but not net.train()
-        for argument in [*node.args, *(k.value for k in node.keywords)]:
-            if isinstance(argument, ast.Name) and argument.id in names:
-                return argument.id
-    for child in ast.iter_child_nodes(node):
-        if found := calls_any(child, names):
-            return found
-    return None
 
 
 def load_notebook(

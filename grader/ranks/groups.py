@@ -5,24 +5,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dplab.distributed import (
-    LIBRARY_PARTS,
-    GroupStopped,
-    Launched,
-    LaunchError,
-    RanksHung,
-    RanksTimedOut,
-    launch_each,
-)
+from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
+from dplab.watch import LIBRARY_PARTS
 from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
 from grader.limits import case_seconds
 from grader.ranks.judging import MISMATCH
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up
+from grader.ranks.plugins import backend_plugins_known
 from grader.ranks.pools import in_open_pool
+from grader.ranks.side_by_side import GroupStopped, launch_each
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
 # Ranks that together compute next to nothing this long are deadlocked (those blocked in
-# torch.distributed, found idle and deaf to Python, sooner: dplab.distributed.QUIET_SECONDS).
+# torch.distributed, found idle and deaf to Python, sooner: dplab.watch.QUIET_SECONDS).
 IDLE_SECONDS = 5.0
 CPU_SECONDS = 60.0  # processor time of one group, all ranks together
 WALL_SECONDS = 300.0  # a backstop
@@ -90,9 +85,10 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
         cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
         stop_after_failure=True,
     )
-    launched = in_open_pool(factory, student, sizes, limits)
-    if launched is None:  # no pool open for this notebook: the groups are forked now
-        launched = launch_each([(lambda: factory(student)(), n) for n in sizes], **limits)
+    with backend_plugins_known():  # the ranks forked here inherit the answer
+        launched = in_open_pool(factory, student, sizes, limits)
+        if launched is None:  # no pool open for this notebook: the groups are forked now
+            launched = launch_each([(lambda: factory(student)(), n) for n in sizes], **limits)
     groups = []
     for n, done in zip(sizes, launched, strict=True):
         group = group_record(done)

@@ -8,12 +8,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dplab.distributed import (
-    Launched,
-    LaunchError,
-    RankPool,
-)
+from dplab.launched import Launched, LaunchError
 from grader.base.cases import Student
+from grader.ranks.rankpool import RankPool
 from grader.watch import Snapshot, watched_objects
 
 
@@ -41,7 +38,7 @@ def rank_pools(
     """Let the cases run in the block share their ranks, for any exercise of the notebook
     whose names are `namespace` (`where` names it): each size's ranks are forked once, at
     the first case that needs them, and serve the later cases, each in a new process group
-    (dplab.distributed.RankPool). Ranks are forked again whenever what they would start from
+    (grader.ranks.rankpool.RankPool). Ranks are forked again whenever what they would start from
     has changed (`pool_key`), or a case's run changed anything the grading relies on in them
     (see `unchanged`); they all stop at the end of the block. A block opened inside another
     has ranks of its own. `run_cells(cells)` runs the reference's cells in a rank and returns

@@ -111,7 +111,7 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     channel = Channel(int(request["fd"] if report_fd is None else report_fd), nonce)
     reply_fd = int(request["reply_fd"] if reply_fd is None else reply_fd)
     manifest = load_manifest()
-    from dplab.devices import grading_devices
+    from grader.devices import grading_devices
 
     ctx = Context(seed=int(request["seed"]), devices=grading_devices(int(request["devices"])))
     plans = {

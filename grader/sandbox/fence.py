@@ -383,9 +383,9 @@ def launcher_code() -> object:
     """Return the code of the function allowed to start the ranks of a process group in the
     child: the lab's launcher forking a rank (taken before any student code runs, so a
     replacement of the function, or of its code, is not it)."""
-    from dplab import distributed
+    from dplab import rank
 
-    return distributed._fork_rank.__code__
+    return rank.fork_rank.__code__
 
 
 PROCESSES_REFUSED = "starting processes is not allowed while grading"

@@ -61,8 +61,9 @@ def _preload() -> None:
     for ex in load_manifest().exercises:
         importlib.import_module(ex.checks)
     sys.modules["dplab.data"].embedded_sample()  # decoded once: notebooks load it, and the checks
-    # once for every process group of every child
-    sys.modules["dplab.distributed"].look_up_backend_plugins()
+    from grader.ranks.plugins import look_up_backend_plugins
+
+    look_up_backend_plugins()  # once for every process group of every child
 
 
 def the_rest() -> list[Callable[[], None]]:

@@ -1,34 +1,9 @@
-"""Stand-in devices: `sim:0`, `sim:1`, ... that behave like separate GPUs on one machine.
+"""The stand-in device itself: its tensors, how every operation on them runs on the backing
+device, and its registration with PyTorch (see dplab.sim)."""
 
-Each stand-in tensor is a thin wrapper around an ordinary tensor on the backing device (the
-CPU, or the one GPU if there is one), plus the number of the stand-in it lives on. Every
-operation unwraps its inputs, checks that they all live on one stand-in (else it raises the
-error real GPUs raise), runs on the backing device, and wraps the results on that stand-in.
-So the arithmetic is exactly the backing device's, and a forgotten `.to(device)` fails as it
-would on two GPUs.
-
-How it plugs into PyTorch:
-- the device type `sim` is PyTorch's PrivateUse1 backend, set up from Python;
-- factory functions given `device="sim:k"` reach two small kernels registered for that
-  backend (`empty` and `empty_strided`), which make the wrapper; `torch.tensor`,
-  `torch.as_tensor` and `torch.asarray`, which copy below the Python layer, are wrapped;
-- at the C++ level every wrapper sits on `sim:0` (PyTorch's device guard knows one device);
-  the Python `device` property reports the real stand-in, and `Tensor.to` between two
-  stand-ins is caught in `__torch_function__` and made a real, differentiable copy;
-- `nn.parallel.scatter` and `nn.DataParallel` use CUDA-only collectives, so for stand-ins
-  they get plain Python equivalents (split and copy, replicate, apply in turn, gather).
-
-What it cannot do: to PyTorch's C++ core a stand-in tensor is a CPU tensor, so the few
-composite operations that build tensors from `self.options()` before any Python code runs
-(`F.one_hot` is one) make CPU tensors and then fail with a mixed-device error; and
-`untyped_storage()` has nothing to show.
-"""
-
-import functools
 import threading
 
 import torch
-from torch import nn
 from torch.utils._pytree import tree_map
 
 TYPE = "sim"
@@ -144,7 +119,7 @@ def _tolist(self):
 
 
 def _new_tensor(self, data, dtype=None, device=None, requires_grad=False, **kwargs):
-    return tensor(
+    return torch.tensor(  # the stand-ins' own, once they are on (see dplab.sim.switch)
         data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad
     )
 
@@ -422,157 +397,6 @@ class _Backend:
         synchronize()
 
 
-# ---- nn.parallel for stand-ins ------------------------------------------------------------
-
-
-def scatter_tensor(tensor: torch.Tensor, devices, dim: int = 0) -> tuple[torch.Tensor, ...]:
-    """Split along `dim` with torch.chunk's sizes and copy each chunk to its device."""
-    chunks = torch.chunk(tensor, len(devices), dim=dim)
-    return tuple(c.to(d) for c, d in zip(chunks, devices, strict=False))
-
-
-def _scatter_obj(obj, devices, dim):
-    if isinstance(obj, torch.Tensor):
-        return scatter_tensor(obj, devices, dim)
-    if isinstance(obj, tuple | list) and obj:
-        parts = [_scatter_obj(o, devices, dim) for o in obj]
-        return [
-            type(obj)(p) if isinstance(obj, list) else tuple(p) for p in zip(*parts, strict=True)
-        ]
-    if isinstance(obj, dict) and obj:
-        parts = [_scatter_obj(v, devices, dim) for v in obj.values()]
-        return [dict(zip(obj.keys(), p, strict=True)) for p in zip(*parts, strict=True)]
-    return [obj for _ in devices]
-
-
-def replicate(network: nn.Module, devices) -> list[nn.Module]:
-    """Return one copy of `network` per device, whose parameters are differentiable copies."""
-    modules = list(network.modules())
-    replicas = []
-    for device in devices:
-        memo = {m: m._replicate_for_data_parallel() for m in modules}
-        for m in modules:
-            r = memo[m]
-            for name, child in m._modules.items():
-                r._modules[name] = memo[child] if child is not None else None
-            for name, p in m._parameters.items():
-                r._parameters[name] = None if p is None else p.to(device)
-            for name, b in m._buffers.items():
-                r._buffers[name] = None if b is None else b.to(device)
-        replicas.append(memo[network])
-    return replicas
-
-
-def gather(outputs, target, dim: int = 0):
-    """Bring the replicas' outputs to `target` and concatenate them along `dim`."""
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat([o.to(target) for o in outputs], dim=dim)
-    if isinstance(first, tuple | list):
-        return type(first)(gather(list(parts), target, dim) for parts in zip(*outputs, strict=True))
-    if isinstance(first, dict):
-        return {k: gather([o[k] for o in outputs], target, dim) for k in first}
-    return first
-
-
-_original_tensor, _original_as_tensor, _original_asarray = (
-    torch.tensor,
-    torch.as_tensor,
-    torch.asarray,
-)
-
-
-@functools.wraps(_original_tensor)
-def tensor(data, *args, device=None, requires_grad=False, **kwargs):
-    """torch.tensor, which also builds tensors on stand-ins (copied from the CPU)."""
-    if device is not None and is_stand_in(device):
-        made = _original_tensor(data, *args, **kwargs).to(device)
-        return made.requires_grad_(requires_grad) if requires_grad else made
-    return _original_tensor(data, *args, device=device, requires_grad=requires_grad, **kwargs)
-
-
-@functools.wraps(_original_as_tensor)
-def as_tensor(data, dtype=None, device=None):
-    """torch.as_tensor, which also builds tensors on stand-ins."""
-    if device is not None and is_stand_in(device):
-        return _original_as_tensor(data, dtype=dtype).to(device)
-    return _original_as_tensor(data, dtype=dtype, device=device)
-
-
-@functools.wraps(_original_asarray)
-def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad=False):
-    """torch.asarray, which also builds tensors on stand-ins."""
-    if device is not None and is_stand_in(device):
-        made = _original_asarray(obj, dtype=dtype, copy=copy).to(device)
-        return made.requires_grad_(requires_grad) if requires_grad else made
-    return _original_asarray(
-        obj, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad
-    )
-
-
-def _patch_parallel() -> None:
-    original_scatter = nn.parallel.scatter_gather.scatter
-
-    @functools.wraps(original_scatter)
-    def scatter(inputs, target_gpus, dim=0):
-        if target_gpus and all(is_stand_in(d) for d in target_gpus):
-            return _scatter_obj(inputs, [torch.device(d) for d in target_gpus], dim)
-        return original_scatter(inputs, target_gpus, dim)
-
-    nn.parallel.scatter_gather.scatter = scatter
-    nn.parallel.scatter = scatter
-
-    dp = nn.DataParallel
-    original_init, original_forward = dp.__init__, dp.forward
-
-    @functools.wraps(original_init)
-    def init(self, module, device_ids=None, output_device=None, dim=0):
-        ids = list(device_ids) if device_ids is not None else None
-        if ids and (
-            any(is_stand_in(d) for d in ids)
-            or (all(isinstance(d, int) for d in ids) and not torch.cuda.is_available())
-        ):
-            nn.Module.__init__(self)
-            torch._C._log_api_usage_once("torch.nn.parallel.DataParallel")
-            self.module = module
-            self.device_ids = [
-                torch.device(TYPE, d) if isinstance(d, int) else torch.device(d) for d in ids
-            ]
-            self.output_device = torch.device(output_device or self.device_ids[0])
-            self.dim = dim
-            self.src_device_obj = self.device_ids[0]
-            self._stand_ins = True
-            return
-        original_init(self, module, device_ids, output_device, dim)
-
-    @functools.wraps(original_forward)
-    def forward(self, *inputs, **kwargs):
-        if not getattr(self, "_stand_ins", False):
-            return original_forward(self, *inputs, **kwargs)
-        for t in [*self.module.parameters(), *self.module.buffers()]:
-            if t.device != self.src_device_obj:
-                raise RuntimeError(
-                    "module must have its parameters and buffers on device "
-                    f"{self.src_device_obj} (device_ids[0]) but found one of them on "
-                    f"device: {t.device}"
-                )
-        if len(self.device_ids) == 1:
-            return self.module(*inputs, **kwargs)
-        scattered = _scatter_obj(inputs, self.device_ids, self.dim) if inputs else []
-        scattered_kw = _scatter_obj(kwargs, self.device_ids, self.dim) if kwargs else []
-        n = len(scattered) if scattered else len(self.device_ids)
-        if not scattered:
-            scattered = [() for _ in range(n)]
-        if not scattered_kw:
-            scattered_kw = [{} for _ in range(n)]
-        replicas = replicate(self.module, self.device_ids[:n])
-        outputs = [r(*i, **k) for r, i, k in zip(replicas, scattered, scattered_kw, strict=False)]
-        return gather(outputs, self.output_device, self.dim)
-
-    dp.__init__ = init
-    dp.forward = forward
-
-
 # Calls that __torch_function__ handles itself (looked up at call time, so defined here).
 _MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, _to}
 _HOST_ONLY = {
@@ -580,9 +404,6 @@ _HOST_ONLY = {
     torch.Tensor.tolist: _tolist,
     torch.Tensor.new_tensor: _new_tensor,
 }
-
-
-_ORIGINALS: dict[str, object] = {}  # what `enable` replaces, to put back on `disable`
 
 
 def register(backing_device: torch.device | None = None) -> None:
@@ -601,47 +422,6 @@ def register(backing_device: torch.device | None = None) -> None:
         _setup_privateuseone_for_python_backend(TYPE, backend_module=_Backend())
         _register_kernels()
         _state["registered"] = True
-
-
-def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
-    """Turn stand-in devices on; later calls only change the count (see `disable`)."""
-    register(backing_device)
-    with _lock:
-        _state["count"] = max(1, int(count))
-        if _state["enabled"]:
-            return
-        dp = nn.DataParallel
-        _ORIGINALS.update(
-            tensor=torch.tensor,
-            as_tensor=torch.as_tensor,
-            asarray=torch.asarray,
-            to=torch.Tensor.to,
-            scatter=nn.parallel.scatter_gather.scatter,
-            parallel_scatter=nn.parallel.scatter,
-            dp_init=dp.__init__,
-            dp_forward=dp.forward,
-        )
-        # torch.tensor copies its data below the Python layer, which stand-ins need, and
-        # a move onto a stand-in must be a differentiable copy even from a plain tensor.
-        torch.tensor, torch.as_tensor, torch.asarray = tensor, as_tensor, asarray
-        torch.Tensor.to = _to
-        _patch_parallel()
-        _state["enabled"] = True
-
-
-def disable() -> None:
-    """Put back every torch function `enable` replaced (for tests: the lab never needs it).
-    Tensors already on stand-ins stay there, and the `sim` device type stays registered."""
-    with _lock:
-        if not _state["enabled"]:
-            return
-        torch.tensor, torch.as_tensor = _ORIGINALS["tensor"], _ORIGINALS["as_tensor"]
-        torch.asarray, torch.Tensor.to = _ORIGINALS["asarray"], _ORIGINALS["to"]
-        nn.parallel.scatter_gather.scatter = _ORIGINALS["scatter"]
-        nn.parallel.scatter = _ORIGINALS["parallel_scatter"]
-        nn.DataParallel.__init__ = _ORIGINALS["dp_init"]
-        nn.DataParallel.forward = _ORIGINALS["dp_forward"]
-        _state["enabled"] = False
 
 
 def enabled() -> bool:

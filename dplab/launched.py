@@ -1,0 +1,93 @@
+"""What a launch gives back: every rank's result and output, or the error that stopped the
+group, naming the rank."""
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Launched:
+    """What a launch gave back: every rank's return value and output, and rank 0's plots."""
+
+    results: list[Any]
+    outputs: list[str]
+    backend: str
+    seconds: float
+    figures: list[bytes] = field(default_factory=list)  # rank 0's plots, as PNG
+
+    @property
+    def result(self) -> Any:
+        """Rank 0's return value."""
+        return self.results[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"Launched({len(self.results)} processes on {self.backend}, {self.seconds:.1f} s; "
+            f"rank 0 returned {self.result!r})"
+        )
+
+
+AUTOGRAD_FORK_HINT = (
+    "(This process ran a backward pass before it forked the ranks, with a GPU or the lab's "
+    "stand-in devices present: that starts autograd's threads, which a forked process cannot "
+    "use. Restart the kernel and run backward passes only inside the launched functions.)"
+)
+
+
+class LaunchError(RuntimeError):
+    """A launch that did not end well; `rank` names the process that stopped it (None when
+    several did), `outputs` holds what every rank printed, and `results` what the ranks whose
+    function had returned (`finished`) returned, by rank."""
+
+    def __init__(
+        self,
+        message: str,
+        rank: int | None,
+        outputs: list[str],
+        finished: list[int] = (),
+        results: dict[int, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.outputs = outputs
+        self.finished = list(finished)  # ranks whose function had returned
+        self.results = dict(results or {})
+
+
+class LaunchSkipped(BaseException):
+    """Raised by `launch` inside `launches_skipped()`: the caller does not run its processes."""
+
+
+_skipping = [False]
+
+
+@contextlib.contextmanager
+def launches_skipped() -> Iterator[None]:
+    """Make every `launch` in the block raise LaunchSkipped instead of starting processes:
+    loading a notebook to grade it runs its definitions, not its demos and training runs,
+    however deep in a helper function the launch is."""
+    before = _skipping[0]
+    _skipping[0] = True
+    try:
+        yield
+    finally:
+        _skipping[0] = before
+
+
+class RankFailed(LaunchError):
+    """A rank raised an exception, or its process died."""
+
+
+class GroupNotFormed(RuntimeError):
+    """The ranks could not form their process group (gloo's connections between them failed,
+    which a machine busy enough has made happen): the function has not run."""
+
+
+class RanksHung(LaunchError):
+    """Ranks waited for each other with no end in sight: computed nothing for too long."""
+
+
+class RanksTimedOut(LaunchError):
+    """The ranks ran past the time or processor-time limit while still computing."""

@@ -1,0 +1,120 @@
+"""Read a notebook's code, and run its definitions without its demos, training runs or launches.
+
+`torchrun -m dplab.train_ddp` uses it to find a notebook's `train_ddp`; the grader's loader
+(grader.load.notebook) reads notebooks with the same rules and adds its own notes and limits.
+"""
+
+import ast
+import json
+import sys
+import types
+from pathlib import Path
+
+import dplab
+from dplab.launched import LaunchSkipped, launches_skipped
+
+# Never run while loading: the notebook's own check cells (grading runs the checks) and its
+# launches of process groups (`d2l.launch(...)`: demos and training runs, for people).
+NEVER_CALLED = frozenset({"check", "launch"})
+
+
+class NotebookError(Exception):
+    """The file cannot be read as a notebook at all."""
+
+
+def install_d2l_alias() -> None:
+    """Make `import d2l`, `from d2l import torch as d2l` and `import d2l.torch` give dplab."""
+    package = types.ModuleType("d2l", "Stand-in for the d2l package: its torch part is dplab.")
+    package.torch = dplab
+    package.__path__ = []
+    sys.modules["d2l"] = package
+    sys.modules["d2l.torch"] = dplab
+
+
+def read_cells(path: Path) -> list[str]:
+    """Return the sources of the notebook's code cells, or raise NotebookError saying why not."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotebookError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise NotebookError(f"{path} cannot be read: {error}") from None
+    try:
+        nb = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise NotebookError(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno}); "
+            "open it in JupyterLab and save it again, or submit a fresh copy"
+        ) from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise NotebookError(f"{path} is JSON but not a notebook: it has no list of cells")
+    sources = []
+    for cell in nb["cells"]:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            source = cell.get("source", "")
+            sources.append("".join(source) if isinstance(source, list) else str(source))
+    return sources
+
+
+def strip_magics(source: str) -> tuple[str, str | None]:
+    """Blank out IPython-only lines; return the code and a note if something was dropped."""
+    lines = source.splitlines()
+    first = lines[0].strip() if lines else ""
+    if first.startswith("%%"):
+        if first.split()[0] in ("%%time", "%%capture"):
+            return "\n".join([""] + lines[1:]), None
+        return "", f"skipped a {first.split()[0]} cell magic"
+    kept = []
+    for line in lines:
+        stripped = line.lstrip()
+        if stripped.startswith(("%", "!")):
+            indent = line[: len(line) - len(stripped)]
+            kept.append(f"{indent}pass" if indent else "")
+        else:
+            kept.append(line)
+    return "\n".join(kept), None
+
+
+def calls_any(node: ast.AST, names: frozenset[str]) -> str | None:
+    """Return the name of a function in `names` that `node` calls at top level, if any:
+    `train(...)`, `d2l.launch(...)`, or a call that hands one over to run, such as
+    `d2l.launch(train_ddp, ...)` or `mp.spawn(train_ddp, ...)`.
+
+    Calls inside function or class bodies and lambdas do not count: defining is not running.
+    """
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+        return None
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in names:
+            return func.id
+        if isinstance(func, ast.Attribute) and func.attr in names & NEVER_CALLED:
+            return func.attr  # d2l.launch(...), but not net.train()
+        for argument in [*node.args, *(k.value for k in node.keywords)]:
+            if isinstance(argument, ast.Name) and argument.id in names:
+                return argument.id
+    for child in ast.iter_child_nodes(node):
+        if found := calls_any(child, names):
+            return found
+    return None
+
+
+def definitions(path: Path, skip_calls: frozenset[str] = frozenset()) -> dict:
+    """Run the notebook's code cells top to bottom, a top-level statement at a time, and
+    return the names they define. A statement that calls one of `skip_calls` or launches
+    processes is not run, and an error in a statement stops the loading (raised)."""
+    install_d2l_alias()
+    namespace: dict = {"__name__": f"notebook_{Path(path).stem.replace('-', '_')}"}
+    with launches_skipped():
+        for number, raw in enumerate(read_cells(path), start=1):
+            source, _ = strip_magics(raw)
+            filename = f"<{Path(path).name}, code cell {number}>"
+            for statement in ast.parse(source, filename=filename).body:
+                if calls_any(statement, skip_calls | NEVER_CALLED):
+                    continue
+                code = compile(ast.Module(body=[statement], type_ignores=[]), filename, "exec")
+                try:
+                    exec(code, namespace)
+                except LaunchSkipped:
+                    pass  # a demo or a training run in processes of its own
+    return namespace

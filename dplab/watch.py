@@ -1,0 +1,399 @@
+"""The parent's watch over the ranks of a group: what each printed and returned, how it
+ended, and whether the group is deadlocked or past its limits."""
+
+import contextlib
+import os
+import pickle
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dplab.launched import AUTOGRAD_FORK_HINT, LaunchError, RankFailed, RanksHung, RanksTimedOut
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+# ---- the parent ----------------------------------------------------------------------------
+
+
+def processor_seconds(pid: int) -> float:
+    """Return the processor time process `pid` has used so far (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def describe_status(status: int) -> str:
+    """Say in words how a rank's process ended, from its wait status."""
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        return {
+            "SIGSEGV": "crashed with a segmentation fault",
+            "SIGKILL": "was killed (SIGKILL), perhaps for using too much memory",
+            "SIGABRT": "aborted",
+        }.get(name, f"was killed by {name}")
+    return f"exited with code {os.waitstatus_to_exitcode(status)} without a result"
+
+
+# Files whose frames are the machinery's, not the code being run: a stack shown to the user
+# leaves them out (a library that wraps torch.distributed adds its own file here).
+LIBRARY_PARTS = [
+    f"{os.sep}torch{os.sep}",
+    *(f"dplab{os.sep}{name}.py" for name in ("distributed", "rank", "watch")),
+]
+
+
+def where_from(dump: str, keep: int = 3) -> str:
+    """Say where a faulthandler stack dump shows a rank: the torch.distributed call it waits
+    in, then its own innermost frames (the library's own frames left out)."""
+    frames = [line.strip() for line in dump.splitlines() if line.strip().startswith("File ")]
+    inside = [i for i, f in enumerate(frames) if f.endswith(" in one_run")]
+    frames = frames[: inside[0]] if inside else frames  # what lies under fn is the launcher's
+    if not frames:
+        return ""
+    waiting = ""
+    if "distributed" in frames[0] and " in " in frames[0]:
+        waiting = f"waiting in torch.distributed's {frames[0].rsplit(' in ', 1)[1]}, called from "
+    own = [f for f in frames if not any(part in f for part in LIBRARY_PARTS)][:keep]
+    return waiting + ("; from ".join(own) if own else frames[0])
+
+
+class Group:
+    """The parent's view of the ranks of one launch."""
+
+    def __init__(self, folder: Path, pids: list[int], show: bool) -> None:
+        self.folder, self.pids, self.show = folder, pids, show
+        self.status: dict[int, int] = {}  # rank -> wait status, once it has ended
+        self.ended: list[int] = []  # ranks in the order they ended
+        self.ended_at: dict[int, float] = {}  # when the parent found each one ended
+        self.read = [0] * len(pids)  # bytes of each rank's log shown so far
+        self.partial = [""] * len(pids)
+        self.seen: dict[tuple[int, str], tuple] = {}  # (rank, thread) -> schedstat (see demand)
+        self.demanded, self.demand_at = 0.0, 0.0
+
+    def reap(self) -> None:
+        for rank, pid in enumerate(self.pids):
+            if rank not in self.status:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.status[rank] = status
+                    self.ended.append(rank)
+                    self.ended_at[rank] = time.time()
+
+    @property
+    def running(self) -> list[int]:
+        return [r for r in range(len(self.pids)) if r not in self.status]
+
+    def failed(self) -> list[int]:
+        """Return the ranks that ended badly, the cause first: a rank whose peer went away
+        (its connection closed) failed because of another, which comes before it; otherwise
+        the first to fail (when it wrote its error, or was found dead) comes first."""
+        bad = [r for r in self.ended if self.status[r] != 0]
+
+        def order(r: int) -> tuple[bool, float]:
+            path = self.folder / f"rank{r}.error"
+            try:
+                text = path.read_bytes()
+                return (any(p in text for p in PEER_GONE), path.stat().st_mtime)
+            except OSError:
+                return (False, self.ended_at[r])
+
+        return sorted(bad, key=order)
+
+    def finished(self) -> list[int]:
+        return sorted(r for r in self.ended if self.status[r] == 0)
+
+    def cpu(self) -> float:
+        return sum(processor_seconds(self.pids[r]) for r in self.running)
+
+    def output(self, rank: int) -> str:
+        try:
+            return (self.folder / f"rank{rank}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stream(self) -> None:
+        """Print what the ranks wrote since last time, a line at a time, behind [rank r]."""
+        if not self.show:
+            return
+        for rank in range(len(self.pids)):
+            text = self.output(rank)
+            new, self.read[rank] = text[self.read[rank] :], len(text)
+            lines = (self.partial[rank] + new).split("\n")
+            self.partial[rank] = lines.pop()
+            for line in lines:
+                print(f"[rank {rank}] {line}", flush=True)
+
+    def flush(self) -> None:
+        self.stream()
+        for rank, rest in enumerate(self.partial):
+            if rest and self.show:
+                print(f"[rank {rank}] {rest}", flush=True)
+            self.partial[rank] = ""
+
+    def demand(self) -> float:
+        """Return the seconds the running ranks' threads have run or waited to run, added up
+        since this group's first call. From the kernel's schedstat: time on a processor and
+        time waiting for one (a busy machine keeps ranks waiting: that counts as wanting to
+        run). The kernel adds a wait when the thread gets a processor, so a thread found
+        runnable that has not run since the last call, kept waiting all along, counts as
+        wanting to run since then; so does one held up otherwise (in a disk wait, or
+        stopped). Threads count from when they are first seen."""
+        now = time.monotonic()
+        since_last, self.demand_at = now - (self.demand_at or now), now
+        for r in self.running:
+            try:
+                tasks = os.listdir(f"/proc/{self.pids[r]}/task")
+            except OSError:
+                continue
+            for task in tasks:
+                folder = f"/proc/{self.pids[r]}/task/{task}"
+                try:
+                    with open(f"{folder}/schedstat", "rb") as f:
+                        on_cpu, queued, runs = f.read().split()[:3]
+                    with open(f"{folder}/stat", "rb") as f:
+                        stat = f.read()
+                except (OSError, ValueError):
+                    continue
+                used = (int(on_cpu) + int(queued)) / 1e9
+                last_used, last_runs = self.seen.get((r, task), (0.0, None))
+                self.demanded += used - last_used
+                self.seen[(r, task)] = (used, runs)
+                state = stat[stat.rindex(b")") + 2 :][:1]
+                if state in (b"D", b"T", b"t") or (state == b"R" and runs == last_runs):
+                    self.demanded += since_last
+        return self.demanded
+
+    def ask_awake(self, ranks: list[int]) -> None:
+        """Ask `ranks` to run a line of Python (see `answered`)."""
+        for r in ranks:
+            with contextlib.suppress(OSError):
+                os.remove(self.folder / f"rank{r}.awake")
+            with contextlib.suppress(OSError):
+                os.kill(self.pids[r], signal.SIGUSR2)
+
+    def answered(self, ranks: list[int]) -> bool:
+        """Return True if one of `ranks` has run Python since `ask_awake`: a rank blocked in
+        a call into torch.distributed's C++ cannot until the call returns."""
+        return any((self.folder / f"rank{r}.awake").exists() for r in ranks)
+
+    def where(self) -> dict[int, str]:
+        """Ask every running rank for its stack (faulthandler); say where each one is."""
+        for r in self.running:
+            with contextlib.suppress(OSError):
+                os.kill(self.pids[r], signal.SIGUSR1)
+        # faulthandler writes from its signal handler, at once: wait until every rank's stack
+        # is there and has stopped growing (at most STACK_SECONDS, for a rank that never writes).
+        deadline, sizes = time.monotonic() + STACK_SECONDS, None
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = [self._stack_size(r) for r in self.running]
+            if now == sizes and all(now):
+                break
+            sizes = now
+        found = {}
+        for r in self.running:
+            try:
+                found[r] = where_from((self.folder / f"rank{r}.stack").read_text())
+            except OSError:
+                found[r] = ""
+        return found
+
+    def _stack_size(self, rank: int) -> int:
+        try:
+            return os.stat(self.folder / f"rank{rank}.stack").st_size
+        except OSError:
+            return 0
+
+    def kill(self) -> None:
+        for r in self.running:
+            with contextlib.suppress(OSError):
+                os.kill(self.pids[r], signal.SIGKILL)
+        for r in self.running:
+            _, self.status[r] = os.waitpid(self.pids[r], 0)
+
+    def stop(
+        self, error: type[LaunchError], message: str, rank: int | None = None, finished=()
+    ) -> LaunchError:
+        """Stop the ranks still running; return `error` with what every rank printed, and
+        what the `finished` ranks returned."""
+        self.kill()
+        self.flush()
+        outputs = [self.output(r) for r in range(len(self.pids))]
+        return error(message, rank, outputs, finished, self.results_of(finished))
+
+    def returned(self, rank: int) -> bool:
+        """Return True when rank's function has returned (it waits for the others then)."""
+        return (self.folder / f"rank{rank}.result").exists()
+
+    def results_of(self, ranks: list[int]) -> dict[int, Any]:
+        """Return what each of `ranks` left as its function's result, where it left one."""
+        results = {}
+        for r in ranks:
+            with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+                with open(self.folder / f"rank{r}.result", "rb") as f:
+                    results[r] = pickle.load(f)
+        return results
+
+    def error_of(self, rank: int) -> str:
+        path = self.folder / f"rank{rank}.error"
+        if path.exists():
+            with open(path, "rb") as f:
+                kind, message, trace = pickle.load(f)
+            return f"rank {rank} raised {kind}: {message}\n{trace.rstrip()}"
+        lines = self.output(rank).strip().splitlines()
+        # A library that aborts says why in a line of its own ("what(): ..."), which the stack
+        # that Python's fault handler writes after it would push out of the last lines.
+        why = [i for i, line in enumerate(lines) if line.lstrip().startswith("what():")]
+        said = "\n".join(lines[max(0, why[-1] - 1) : why[-1] + 1] if why else lines[-6:])
+        return f"rank {rank}'s process {describe_status(self.status[rank])}" + (
+            f"; the last lines it wrote:\n{said}" if said else ""
+        )
+
+
+# What gloo says when the process at the other end of a connection has gone.
+PEER_GONE = (b"Connection closed by peer", b"Connection reset by peer", b"Read error")
+IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting, not computing
+# Ranks whose threads have neither run nor waited for a processor for this long (a busy machine
+# keeps them waiting), and that run no Python when asked to, wait inside torch.distributed for
+# each other: a deadlock, called before idle_timeout.
+QUIET_SECONDS = 0.6
+ANSWER_SECONDS = 0.2  # how long a rank has to answer (a Python signal handler runs at once)
+DEMAND_SECONDS = 0.1  # how often the parent reads what the waiting ranks' threads are doing
+STACK_SECONDS = 0.3  # the longest a deadlocked rank is given to write its stack (see where)
+
+
+def quiet(then: tuple[float, float, float], later: tuple[float, float, float]) -> bool:
+    """Return True if, between two readings (wall clock, demand, processor time), the ranks
+    computed next to nothing and their threads hardly wanted to run (see Group.demand)."""
+    most = IDLE_SHARE * (later[0] - then[0])
+    return later[2] - then[2] < most and later[1] - then[1] < most
+
+
+def _accelerator_here() -> bool:
+    """Return True if this machine has an NVIDIA or AMD GPU (a rank may wait for one, asleep,
+    computing nothing on the processor): then only idle_timeout calls ranks deadlocked."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
+
+
+def watch_group(
+    group: Group, nprocs: int, timeout: float, idle_timeout: float, cpu_limit: float | None
+) -> Iterator[None]:
+    """Watch the ranks until all have ended well; raise a LaunchError naming who did not.
+    A generator: it yields whenever the caller should wait a moment and look again, so that
+    one caller can watch several groups at once."""
+    started = time.monotonic()
+    readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
+    grace_until = None  # after a rank fails, the others get a moment to fail by themselves
+    early = bool(idle_timeout) and idle_timeout > QUIET_SECONDS and not _accelerator_here()
+    demands: list[tuple[float, float, float]] = []  # (wall clock, demand, processor time)
+    asked = None  # when the waiting ranks were asked to answer, and the reading quiet since
+    while True:
+        group.reap()
+        group.stream()
+        now = time.monotonic()
+        if not group.running:
+            break
+        if group.failed() and grace_until is None:
+            grace_until = now + 2.0
+        if grace_until is not None and now > grace_until:
+            break
+        cpu = group.cpu()
+        readings.append((now, cpu))
+        # Waiting ranks are not quite still (a library may wake up now and then): they are
+        # stuck when, over the last idle_timeout seconds, they computed next to nothing.
+        while len(readings) > 2 and readings[1][0] <= now - idle_timeout:
+            readings.pop(0)
+        window_start, cpu_then = readings[0]
+        stuck = (
+            idle_timeout
+            and now - window_start >= idle_timeout
+            and cpu - cpu_then < IDLE_SHARE * (now - window_start)
+        )
+        quiet_for = idle_timeout
+        if early and not stuck and grace_until is None:
+            # The readings of the last QUIET_SECONDS, and the one just before them.
+            if not demands or now - demands[-1][0] >= DEMAND_SECONDS:
+                demands.append((now, group.demand(), cpu))
+            while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS:
+                demands.pop(0)
+            waiting = [r for r in group.running if not group.returned(r)]
+            if not waiting:
+                asked = None
+            elif asked is None:
+                if now - demands[0][0] >= QUIET_SECONDS and quiet(demands[0], demands[-1]):
+                    group.ask_awake(waiting)
+                    asked = (now, demands[0])
+            elif now - asked[0] >= ANSWER_SECONDS:
+                if group.answered(waiting):
+                    early = False  # it sleeps in Python (time.sleep): idle_timeout decides
+                elif quiet(asked[1], (now, group.demand(), cpu)):
+                    stuck, quiet_for = True, now - asked[1][0]
+                else:
+                    asked = None
+        if cpu_limit and cpu > cpu_limit:
+            raise group.stop(
+                RanksTimedOut,
+                f"the {nprocs} processes used more than {cpu_limit:.3g} s of processor time "
+                "between them and were stopped",
+            )
+        if stuck and grace_until is None and all(group.returned(r) for r in range(nprocs)):
+            # Every rank's function has returned, so none waits for the code any more: what
+            # is left (the ranks' last wait for each other, then leaving) is the launcher's
+            # own, and a machine busy enough can stall it. The results are whole: take them.
+            group.kill()
+            group.status.update(dict.fromkeys(range(nprocs), 0))
+            break
+        if stuck and grace_until is None:
+            stacks = group.where()
+            done = [r for r in range(nprocs) if group.returned(r)]
+            waiting = [r for r in range(nprocs) if r not in done]
+            lines = [
+                f"rank {r} computed nothing for {round(quiet_for, 1):g} s and had not finished"
+                + (f": {stacks[r]}" if stacks.get(r) else "")
+                for r in waiting
+            ]
+            if done:
+                lines.append(
+                    f"rank(s) {', '.join(map(str, done))} had returned, and waited for the "
+                    "others to return too"
+                )
+            why = (
+                "a rank skipped a call that the others made, so they wait for it"
+                if done
+                else "the ranks are waiting for each other (a deadlock): for example every "
+                "rank doing a blocking send first"
+            )
+            rank = waiting[0] if len(waiting) == 1 else None
+            raise group.stop(RanksHung, why + ".\n  " + "\n  ".join(lines), rank, done)
+        if timeout and now - started > timeout:
+            raise group.stop(
+                RanksTimedOut,
+                f"the {nprocs} processes ran past the limit of {timeout:g} s and were stopped",
+            )
+        yield
+    if group.running:
+        group.kill()
+    group.flush()
+    failed = group.failed()
+    if failed:
+        first, others = failed[0], sorted(failed[1:] + group.running)
+        message = group.error_of(first)
+        if "autograd's threading in combination with fork" in message:
+            message += "\n" + AUTOGRAD_FORK_HINT
+        if others:
+            message += f"\n(then rank(s) {', '.join(map(str, others))} stopped as well)"
+        finished = group.finished()
+        if finished:
+            message += (
+                f"\n(rank(s) {', '.join(map(str, finished))} had finished: a rank that "
+                "skips a collective or a send leaves the others waiting for it)"
+            )
+        outputs = [group.output(r) for r in range(nprocs)]
+        returned = [r for r in range(nprocs) if group.returned(r)]
+        raise RankFailed(message, first, outputs, returned, group.results_of(returned))
