@@ -19,7 +19,6 @@ minibatches out of it by index: no per-image PIL work, no worker processes.
 
 import gzip
 import math
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -29,6 +28,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from dplab import settings
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -66,7 +67,7 @@ class FashionMNIST:
 
 def data_root() -> Path:
     """Return the folder that holds torchvision's `FashionMNIST/raw` layout and downloads."""
-    return Path(os.environ.get("DPLAB_DATA_ROOT", Path.home() / ".cache" / "dplab")).expanduser()
+    return Path(settings.DATA_ROOT.get()).expanduser()
 
 
 def files_in(folder: Path) -> dict[str, Path] | None:
@@ -129,7 +130,7 @@ def _download(root: Path) -> dict[str, Path] | None:
 def find_full_set(path: str | Path | None = None) -> tuple[dict[str, Path], str, list[str]]:
     """Look for the full set in the documented order; return its files, origin and tries."""
     tried: list[str] = []
-    given = path or os.environ.get("DPLAB_FASHION_MNIST")
+    given = path or settings.FASHION_MNIST.get() or None
     if given:
         folder = Path(given).expanduser()
         for candidate in (folder, folder / "FashionMNIST" / "raw"):
@@ -147,7 +148,7 @@ def find_full_set(path: str | Path | None = None) -> tuple[dict[str, Path], str,
         f"{', '.join(map(str, SYSTEM_DIRS))}: not there "
         "(on Debian or Ubuntu: apt-get install dataset-fashion-mnist)"
     )
-    if os.environ.get("DPLAB_OFFLINE", "") not in ("", "0"):
+    if settings.OFFLINE.get() not in ("", "0"):
         tried.append("a download: skipped because DPLAB_OFFLINE is set")
     else:
         try:
@@ -185,7 +186,7 @@ def fashion_mnist(path: str | Path | None = None, source: str | None = None) -> 
 
 def data_limit() -> tuple[int, int] | None:
     """Return (train, test) from `$DPLAB_DATA_LIMIT` ("TRAIN,TEST"), or None when unset."""
-    text = os.environ.get("DPLAB_DATA_LIMIT", "").strip()
+    text = settings.DATA_LIMIT.get().strip()
     if not text:
         return None
     try:
@@ -221,7 +222,7 @@ def _limited(data: FashionMNIST) -> FashionMNIST:
 
 
 def _chosen(path: str | Path | None, source: str | None) -> FashionMNIST:
-    source = source or os.environ.get("DPLAB_DATA_SOURCE", "auto")
+    source = source or settings.DATA_SOURCE.get()
     if source not in ("auto", "full", "sample"):
         raise ValueError(f'source must be "auto", "full" or "sample", not {source!r}')
     tried: list[str] = []

@@ -32,12 +32,10 @@ so. (The grader always checks on two distinct devices, whatever DPLAB_DEVICES sa
 grader.devices.)
 """
 
-import os
-
 import torch
 from torch import Tensor
 
-from dplab import sim
+from dplab import settings, sim
 
 MODES = ("auto", "real", "stand-in", "cpu")
 _told: set[str] = set()
@@ -55,7 +53,7 @@ def cpu() -> torch.device:
 
 def device_mode() -> str:
     """Return how the lab picks devices (see the module docstring)."""
-    mode = os.environ.get("DPLAB_DEVICES", "auto").strip().lower() or "auto"
+    mode = settings.DEVICES.get().strip().lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"DPLAB_DEVICES must be one of {', '.join(MODES)}, not {mode!r}")
     return mode
@@ -63,7 +61,7 @@ def device_mode() -> str:
 
 def stand_in_count() -> int:
     """Return how many stand-in devices the lab offers (DPLAB_STAND_INS, default 2)."""
-    value = os.environ.get("DPLAB_STAND_INS", "2")
+    value = settings.STAND_INS.get()
     try:
         count = int(value)
     except ValueError:

@@ -5,10 +5,11 @@ it is saved as a PNG file instead, because there is no screen to draw on.
 """
 
 import io
-import os
 import re
 import sys
 from pathlib import Path
+
+from dplab import settings
 
 # Set in a process forked from the kernel (dplab.distributed): it must not draw in the
 # notebook, whose connection belongs to the kernel; its plots are saved as files instead.
@@ -27,7 +28,7 @@ def _in_notebook() -> bool:
 
 def figure_path(name: str) -> Path:
     """Return where a headless plot called `name` is saved: `$DPLAB_FIGURE_DIR`, else here."""
-    folder = Path(os.environ.get("DPLAB_FIGURE_DIR", "."))
+    folder = Path(settings.FIGURE_DIR.get())
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "plot"
     return folder / f"{safe}.png"
 

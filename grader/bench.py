@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from grader import settings
 from grader.authoring import filled_in, reference_answers
 from grader.grade_class import Outputs, expand, grade_class
 from grader.manifest import REPO, exercises_dir, load_manifest
@@ -87,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         warm_folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-"))
-        os.environ["GRADER_WARM_DIR"] = str(warm_folder)
+        os.environ[settings.WARM_DIR.name] = str(warm_folder)
         make_class(root / "alone", 1)  # one complete submission
         subprocess.run(  # untimed: PyTorch's files into the page cache (see above)
             [

@@ -14,6 +14,7 @@ import time
 import nbformat
 from nbclient import NotebookClient
 
+from grader import settings
 from grader.manifest import load_manifest, solutions_dir
 
 
@@ -32,7 +33,7 @@ def main() -> None:
     os.environ.setdefault("DPLAB_STAND_INS", "2")
     for name in load_manifest().notebooks:
         with tempfile.TemporaryDirectory() as folder:
-            os.environ["DPLAB_FIGURE_DIR"] = folder
+            os.environ[settings.FIGURE_DIR.name] = folder
             print(f"{name}: {run_notebook(name, folder):.1f} s end to end", flush=True)
 
 

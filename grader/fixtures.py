@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 import dplab
+from dplab import settings
 from dplab.data import embedded_sample
 
 # LeNet's loss in the book: per-example cross-entropy, summed by the caller.
@@ -69,18 +70,18 @@ def pretend_gpus(n: int) -> Iterator[None]:
     them, not the stand-ins'. Nothing is allocated on them."""
     cuda = torch.cuda
     saved = cuda.device_count, cuda.is_available
-    mode = os.environ.get("DPLAB_DEVICES")
+    mode = os.environ.get(settings.DEVICES.name)
     cuda.device_count = lambda: n
     cuda.is_available = lambda: n > 0
-    os.environ["DPLAB_DEVICES"] = "real"
+    os.environ[settings.DEVICES.name] = "real"
     try:
         yield
     finally:
         cuda.device_count, cuda.is_available = saved
         if mode is None:
-            os.environ.pop("DPLAB_DEVICES", None)
+            os.environ.pop(settings.DEVICES.name, None)
         else:
-            os.environ["DPLAB_DEVICES"] = mode
+            os.environ[settings.DEVICES.name] = mode
 
 
 class RecordedBatches:

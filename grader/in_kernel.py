@@ -7,10 +7,10 @@ reads partial credit from an autograded cell.
 
 import contextlib
 import io
-import os
 import warnings
 from collections.abc import Callable
 
+from grader import settings
 from grader.api import Context, Student
 from grader.devices import grading_devices
 from grader.grading import DEVICES
@@ -44,7 +44,7 @@ def _namespace(ex: Exercise, function: Callable | None) -> dict:
 
 def _run(ex: Exercise, namespace: dict, hidden: bool) -> list[CheckResult]:
     checks = hidden_checks(ex) if hidden else public_checks(ex)
-    seed = int(os.environ.get("GRADER_SEED", "0"))
+    seed = int(settings.SEED.get())
     known = reference_if_available(ex.notebook)  # the instructor's side only
     ctx = Context(seed, grading_devices(DEVICES), known if hidden else None)
     student = Student(namespace, ex.function, "this notebook")

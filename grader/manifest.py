@@ -1,10 +1,11 @@
 """Read `manifest.toml`, the single list of exercises, and find the files it names."""
 
-import os
 import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from grader import settings
 
 MANIFEST = Path(__file__).with_name("manifest.toml")
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +101,7 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
 def solutions_dir() -> Path:
     """Return the folder of reference notebooks (`$GRADER_SOLUTIONS`, else the repo's)."""
     default = REPO / "solutions" / load_manifest().assignment
-    return Path(os.environ.get("GRADER_SOLUTIONS", default))
+    return Path(settings.SOLUTIONS.get() or default)
 
 
 def exercises_dir() -> Path:

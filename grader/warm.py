@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from grader import settings
 from grader.sandbox.fence import (
     Fence,
 )
@@ -174,7 +175,7 @@ def run_warm(argv: list[str]) -> int | None:
     here, and while it imports, this process imports what the command needs on another core
     and runs it, asking the server for its children once it is ready. The command's output
     goes where this process's would, and Ctrl-C reaches it."""
-    if os.environ.get("GRADER_START") != "fork" and _gpu_device_here():
+    if settings.START.get() != "fork" and _gpu_device_here():
         return None
     found = connect_warm(session=False, wait=False)
     if found is None:
@@ -221,7 +222,7 @@ def main() -> None:
     from grader.sandbox.fence import choose_fence
 
     if asked_fence:
-        os.environ["GRADER_FENCE"] = asked_fence
+        os.environ[settings.FENCE.name] = asked_fence
     # Chosen once here, and known to every command run here. Its probes (a Python started
     # behind each fence tried, 0.3 s) wait on processes of their own: a thread waits for
     # them while this one imports, and has ended before anything is forked.

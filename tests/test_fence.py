@@ -13,7 +13,7 @@ from grader.sandbox.fence import choose_fence, private_paths
 SNIPPET = """
 import os, socket, sys
 from pathlib import Path
-from grader.sandbox.fence import install_audit_hook
+from grader.sandbox.audit import install_audit_hook
 scratch = Path(sys.argv[1])
 install_audit_hook(scratch, [Path(p) for p in sys.argv[2:]])
 def attempt(what, action):
@@ -126,7 +126,7 @@ import multiprocessing, os, socket, sys
 from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
-from grader.sandbox.fence import install_audit_hook
+from grader.sandbox.audit import install_audit_hook
 install_audit_hook(Path(sys.argv[1]), [])
 data = TensorDataset(torch.arange(10.0), torch.arange(10))
 

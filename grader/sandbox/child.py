@@ -30,7 +30,7 @@ from grader.api import Case, Context, Student
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks
-from grader.sandbox.fence import install_audit_hook
+from grader.sandbox.audit import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
 from grader.watch import Snapshot, watched_objects

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from grader import settings
 from grader.devices import grading_mode
 from grader.sandbox import forkserver
 from grader.sandbox.collected import Limits
@@ -88,7 +89,7 @@ def child_environment(scratch: Path, threads: int) -> dict[str, str]:
 def start_mode() -> str:
     """Return how children start: "fork" (from the warm fork server) or "spawn" (a new
     Python each). `GRADER_START` chooses; by default, fork unless a CUDA device is visible."""
-    asked = os.environ.get("GRADER_START", "auto").strip().lower()
+    asked = settings.START.get().strip().lower()
     if asked in ("fork", "spawn"):
         return asked
     return "spawn" if torch.cuda.device_count() > 0 else "fork"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from grader import settings
 from grader.sandbox.fence import (
     warm_folders,
 )
@@ -46,7 +47,7 @@ def warm_seconds() -> float:
     """Return how long the warm server outlives its last grader: `GRADER_WARM_SECONDS`, by
     default WARM_SECONDS; 0 (or less) starts no warm server: each command has its own."""
     try:
-        return float(os.environ.get("GRADER_WARM_SECONDS", WARM_SECONDS))
+        return float(settings.WARM_SECONDS.get() or WARM_SECONDS)
     except ValueError:
         return WARM_SECONDS
 
@@ -69,7 +70,7 @@ def warm_key(env: dict[str, str]) -> str:
     grader's and the lab's code (each file's size and time), torch and matplotlib as
     installed and the environment that imports can depend on. Changing any of them starts
     another server."""
-    asked = os.environ.get("GRADER_FENCE", "")
+    asked = settings.FENCE.get()
     digest = hashlib.sha256(f"{sys.executable}\n{sys.version}\n{os.geteuid()}\n{asked}".encode())
     kept = {k: v for k, v in env.items() if k.startswith(KEY_VARIABLES) and k not in PER_CHILD}
     digest.update(json.dumps(kept, sort_keys=True).encode())
@@ -126,7 +127,7 @@ def start_warm(place: WarmPlace) -> None:
         subprocess.Popen(
             [
                 sys.executable, "-m", "grader.warm", "--warm", str(place.path),
-                os.environ.get("GRADER_FENCE", ""), f"{place.idle:g}",
+                settings.FENCE.get(), f"{place.idle:g}",
             ],
             env=place.env, cwd=place.path.parent, stdin=subprocess.DEVNULL, stdout=out,
             stderr=out, start_new_session=True,
