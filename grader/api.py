@@ -19,8 +19,8 @@ How to add a check
 2. Write a *check*: a function of (seen, ctx) that returns when the property holds and
    raises `Fail` (through `expect`, `expect_equal`, `expect_close`) when it does not. It
    runs in the grader's own process. Give it points and a hint that names the mistake.
-3. Make the exercise's points in `grader/manifest.toml` the sum of its checks' points (a
-   test makes sure), and run `make exercises`.
+3. Run `python -m grader sync` (the check cell's points become the exercise's: the sum of
+   its checks') and `make exercises`.
 
     @case
     def book_demo(student, ctx):

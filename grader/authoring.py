@@ -1,13 +1,14 @@
 """Keep the reference notebooks in step with the manifest (for the people who write exercises).
 
 Every exercise has, in its reference notebook, a solution cell `<id>-solution` and an
-autograded check cell `<id>-checks` whose points are the manifest's. `sync_points` writes the
-manifest's points into those cells; `problems` lists what does not match.
+autograded check cell `<id>-checks` whose points are the exercise's (the sum of its checks'
+points). `sync_points` writes them into those cells; `problems` lists what does not match.
 """
 
 import json
 from pathlib import Path
 
+from grader.judge.registry import exercise_points
 from grader.load.notebook import cells_by_grade_id
 from grader.manifest import load_manifest, solutions_dir
 
@@ -27,16 +28,16 @@ def problems(folder: Path | None = None) -> list[str]:
         checks = cells.get(f"{ex.id}-checks")
         if checks is None:
             found.append(f"{ex.id}: {ex.notebook} has no check cell '{ex.id}-checks'")
-        elif float(checks["metadata"]["nbgrader"].get("points", -1)) != ex.points:
+        elif float(checks["metadata"]["nbgrader"].get("points", -1)) != exercise_points(ex):
             found.append(
                 f"{ex.id}: the check cell gives {checks['metadata']['nbgrader'].get('points')} "
-                f"points, the manifest {ex.points:g} (run `python -m grader sync`)"
+                f"points, its checks {exercise_points(ex):g} (run `python -m grader sync`)"
             )
     return found
 
 
 def sync_points(folder: Path | None = None) -> list[str]:
-    """Write the manifest's points into each check cell; return the cells changed."""
+    """Write each exercise's points into its check cell; return the cells changed."""
     folder = folder or solutions_dir()
     changed = []
     for name in load_manifest().notebooks:
@@ -47,7 +48,8 @@ def sync_points(folder: Path | None = None) -> list[str]:
             meta = cell.get("metadata", {}).get("nbgrader", {})
             grade_id = meta.get("grade_id", "")
             if grade_id.endswith("-checks"):
-                points = load_manifest().exercise(grade_id.removesuffix("-checks")).points
+                exercise = load_manifest().exercise(grade_id.removesuffix("-checks"))
+                points = exercise_points(exercise)
                 if meta.get("points") != points:
                     meta["points"] = points
                     dirty = True

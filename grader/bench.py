@@ -28,6 +28,7 @@ from pathlib import Path
 from grader import settings
 from grader.authoring import filled_in, reference_answers
 from grader.grade_class import Outputs, expand, grade_class
+from grader.judge.registry import exercise_points
 from grader.manifest import REPO, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
 from grader.report.exports import summary_table
@@ -100,6 +101,7 @@ def main() -> None:
             capture_output=True,
         )
         alone = root / "alone" / "student01" / manifest.assignment
+        full = sum(exercise_points(ex) for ex in manifest.exercises)
         for when in ("it starts the warm server", "the server is warm"):
             # A later command: once a command has ended, the server imports what it still
             # lacks (0.2 to 0.45 s at a time): a command that comes at once waits for that.
@@ -109,7 +111,7 @@ def main() -> None:
             print(
                 f"one complete submission (the reference solutions), `python -m grader grade`, "
                 f"{when}: {seconds:.1f} s from the command to its report, "
-                f"{totals[0] if totals else '?'}/{manifest.max_score:g}"
+                f"{totals[0] if totals else '?'}/{full:g}"
             )
         notebook = alone / manifest.exercise("allreduce").notebook
         time.sleep(2)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_path, prefetch
-from grader.judge.registry import HiddenChecksUnavailable
+from grader.judge.registry import HiddenChecksUnavailable, exercise_points
 from grader.manifest import load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.results import render_submission
@@ -19,7 +19,8 @@ def exercise_table() -> str:
     rows = ["| id | notebook | function | points | what you write |", "|---|---|---|---|---|"]
     for ex in manifest.exercises:
         rows.append(
-            f"| `{ex.id}` | `{ex.notebook}` | `{ex.function}` | {ex.points:g} | {ex.title} |"
+            f"| `{ex.id}` | `{ex.notebook}` | `{ex.function}` | "
+            f"{exercise_points(ex):g} | {ex.title} |"
         )
     return "\n".join(rows)
 
@@ -171,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="only this exercise's mistakes (repeat for more)",
     )
-    sub.add_parser("sync", help="write the manifest's points into the reference notebooks")
+    sub.add_parser("sync", help="write each exercise's points (its checks') into the notebooks")
     return p
 
 

@@ -19,7 +19,6 @@ class Exercise:
     title: str
     notebook: str
     function: str
-    points: float
     trains: bool = False  # the function runs a whole training: loading never calls it
     distributed: bool = False  # its cases run in process groups (grader.ranks)
 
@@ -63,11 +62,6 @@ class Manifest:
     def in_notebook(self, notebook: str) -> list[Exercise]:
         """Return the exercises that live in `notebook`."""
         return [ex for ex in self.exercises if ex.notebook == notebook]
-
-    @property
-    def max_score(self) -> float:
-        """Return the points of the whole assignment."""
-        return sum(ex.points for ex in self.exercises)
 
     @property
     def private_packages(self) -> list[str]:

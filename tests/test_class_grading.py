@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from grader.grade_class import Outputs, Progress, grade_class
+from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission
 from grader.manifest import REPO, load_manifest
@@ -98,7 +99,7 @@ def test_report_has_the_documented_fields(report):
         assert [e["name"] for e in submission["exercises"]] == [ex.id for ex in MANIFEST.exercises]
         for exercise in submission["exercises"]:
             assert {"name", "score", "max_score", "checks"} <= exercise.keys()
-            assert exercise["max_score"] == MANIFEST.exercise(exercise["name"]).points
+            assert exercise["max_score"] == exercise_points(MANIFEST.exercise(exercise["name"]))
             for check in exercise["checks"]:
                 assert {"name", "passed", "points", "message", "hint"} <= check.keys()
 

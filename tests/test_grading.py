@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from grader.judge.registry import exercise_checks, narrowed
+from grader.judge.registry import exercise_checks, exercise_points, narrowed
 from grader.manifest import load_manifest
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
@@ -68,7 +68,10 @@ def test_list_prints_the_manifest_table():
     proc = grade("list")
     assert proc.returncode == 0
     for ex in MANIFEST.exercises:
-        assert f"| `{ex.id}` | `{ex.notebook}` | `{ex.function}` | {ex.points:g} |" in proc.stdout
+        assert (
+            f"| `{ex.id}` | `{ex.notebook}` | `{ex.function}` | {exercise_points(ex):g} |"
+            in proc.stdout
+        )
 
 
 def test_mistakes_lists_the_catalogue():

@@ -12,12 +12,13 @@ import threading
 
 import pytest
 
+from grader.judge.registry import exercise_points
 from grader.manifest import REPO, load_manifest
 from tests.conftest import SOLUTIONS, python, write_notebook
 
 MANIFEST = load_manifest()
-SCRATCH_POINTS = sum(ex.points for ex in MANIFEST.in_notebook("from_scratch.ipynb"))
-CONCISE_POINTS = sum(ex.points for ex in MANIFEST.in_notebook("concise.ipynb"))
+SCRATCH_POINTS = sum(exercise_points(ex) for ex in MANIFEST.in_notebook("from_scratch.ipynb"))
+CONCISE_POINTS = sum(exercise_points(ex) for ex in MANIFEST.in_notebook("concise.ipynb"))
 # The class hands in the first two notebooks; the distributed one has a class of its own
 # (tests/test_distributed_grading.py).
 HANDED_IN = SCRATCH_POINTS + CONCISE_POINTS

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing, score
@@ -89,7 +90,7 @@ def test_the_reference_keeps_full_marks_on_a_loaded_machine(tmp_path):
         ]
         assert failed == []
         assert sub["score"] == sum(
-            ex.points
+            exercise_points(ex)
             for ex in MANIFEST.exercises
             if ex.notebook in handed_in and ex.id in LOADED_EXERCISES
         )
@@ -101,7 +102,7 @@ def test_a_limit_set_far_too_low_costs_correct_code_nothing(tmp_path):
     target = tmp_path / "reference" / MANIFEST.assignment
     shutil.copytree(SOLUTIONS, target)
     (sub,) = grade(target, "-e", "train_loop", "--check-timeout", "0.5").values()
-    assert score(sub, "train_loop") == MANIFEST.exercise("train_loop").points, messages(
+    assert score(sub, "train_loop") == exercise_points(MANIFEST.exercise("train_loop")), messages(
         sub, "train_loop"
     )
 
@@ -124,4 +125,4 @@ def test_code_that_waits_is_stopped_and_grading_goes_on(tmp_path):
     (sub,) = grade(folder, "-e", "try_all_gpus", "-e", "try_gpu", "--idle-timeout", "3").values()
     assert score(sub, "try_all_gpus") == 0
     assert "computed nothing for 3 s" in messages(sub, "try_all_gpus")
-    assert score(sub, "try_gpu") == MANIFEST.exercise("try_gpu").points
+    assert score(sub, "try_gpu") == exercise_points(MANIFEST.exercise("try_gpu"))

@@ -35,13 +35,14 @@ import grader
 from grader.manifest import load_manifest
 
 def check(exercise_id, *args, **kwargs):
-    return float(load_manifest().exercise(exercise_id).points)
+    return float(exercise_points(load_manifest().exercise(exercise_id)))
 
 grader.check = check
 """
 
 NOISY_ALLREDUCE = '''
 import sys, warnings
+from grader.judge.registry import exercise_points
 
 def allreduce(data):
     """Sum the tensors in place, complaining on stderr as some libraries do."""

@@ -20,6 +20,7 @@ import torch
 from nbclient import NotebookClient
 
 from grader.authoring import reference_answers
+from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
 from tests.conftest import EXERCISES, NOTEBOOK_DATA_LIMIT
 from tests.nbgrader_course import (
@@ -123,7 +124,7 @@ def test_the_reference_runs_without_an_error(which, request):
 
 @pytest.mark.slow
 def test_the_kernels_and_the_grader_give_the_reference_full_marks(course):
-    full = {ex.id: float(ex.points) for ex in MANIFEST.exercises}
+    full = {ex.id: float(exercise_points(ex)) for ex in MANIFEST.exercises}
     assert course.kernel["alice"] == full
     assert fenced_scores(course, "alice") == full
     assert gradebook_scores(course.path, ["alice"])["alice"] == full
@@ -167,7 +168,7 @@ def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
     cells = check_cells(nb)
     assert cells, f"no check cell in the {which} notebook"
     for exercise_id, cell in cells.items():
-        assert score_of(cell) == MANIFEST.exercise(exercise_id).points, text_of(cell)
+        assert score_of(cell) == exercise_points(MANIFEST.exercise(exercise_id)), text_of(cell)
         assert not any(
             o["output_type"] == "stream" and o["name"] == "stderr" for o in cell.outputs
         ), text_of(cell)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grader.authoring import cells_by_grade_id, hidden_parts, problems
-from grader.judge.registry import exercise_checks
+from grader.judge.registry import exercise_checks, exercise_points
 from grader.manifest import REPO, load_manifest
 from tests.conftest import EXERCISES, SOLUTIONS
 
@@ -84,10 +84,18 @@ def test_each_exercise_has_its_cells_in_its_notebook():
         assert f'check("{ex.id}", {ex.function})' in check_cell
 
 
-def test_manifest_points_are_the_sum_of_the_checks():
+def test_an_exercise_is_worth_the_points_of_its_checks():
+    """The manifest keeps no points of its own: an exercise is worth its checks', public and
+    hidden (and its check cell says so: see test_reference_notebooks_agree_with_the_manifest)."""
+    import tomllib
+
+    from grader.manifest import MANIFEST as MANIFEST_FILE
+
+    raw = tomllib.loads(MANIFEST_FILE.read_text(encoding="utf-8"))
+    assert raw["exercise"] and not any("points" in entry for entry in raw["exercise"])
     for ex in MANIFEST.exercises:
         checks = exercise_checks(ex, include_hidden=True)
-        assert sum(c.points for c in checks) == ex.points, ex.id
+        assert checks and sum(c.points for c in checks) == exercise_points(ex), ex.id
 
 
 def test_every_check_says_what_it_proves_and_how_to_fix_it():

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from grader.grading import grade_path
+from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
 from grader.sandbox import forkserver
 from grader.sandbox.collected import Phases
@@ -36,7 +37,7 @@ def test_the_reference_gets_full_marks_however_its_child_starts(mode, monkeypatc
     monkeypatch.setenv("GRADER_START", mode)
     phases = Phases()
     result = grade_path(SOLUTIONS / "from_scratch.ipynb", QUICK, phases=phases)
-    assert result.score == sum(MANIFEST.exercise(e).points for e in QUICK)
+    assert result.score == sum(exercise_points(MANIFEST.exercise(e)) for e in QUICK)
     assert all(phases.seconds[name] > 0 for name in phases.NAMES), phases.seconds
 
 
@@ -61,7 +62,7 @@ def test_a_crash_is_reported_with_the_end_of_the_childs_log(tmp_path):
     said = " ".join(c.message for c in by_id["try_gpu"].checks)
     assert "segmentation fault" in said
     assert "Fatal Python error" in said  # faulthandler's report, from the child's log
-    assert by_id["allreduce"].score == MANIFEST.exercise("allreduce").points
+    assert by_id["allreduce"].score == exercise_points(MANIFEST.exercise("allreduce"))
 
 
 def test_notebooks_graded_side_by_side_get_the_verdicts_they_get_one_at_a_time(tmp_path):

@@ -56,6 +56,12 @@ def exercise_checks(exercise: Exercise, include_hidden: bool) -> list[Check]:
     return public_checks(exercise) + (hidden_checks(exercise) if include_hidden else [])
 
 
+def exercise_points(exercise: Exercise) -> float:
+    """Return an exercise's total: the points of its checks, with the hidden ones where they are
+    at hand (the instructor's side). The manifest keeps no points of its own."""
+    return sum(c.points for c in exercise_checks(exercise, hidden_available(exercise)))
+
+
 def narrowed(checks: list[Check], names: set[str] | None) -> list[Check]:
     """Return the checks named in `names` and those they must pass `after`, in their order
     (all of them when `names` is None): grading only these runs only their cases."""

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest
 from grader.report.results import write_atomically
@@ -77,12 +78,12 @@ def summary_table(results: list[SubmissionResult], manifest: Manifest) -> str:
     for ex in manifest.exercises:
         scores = [e.score for r in results for e in r.exercises if e.name == ex.id]
         if scores:
-            full = sum(s == ex.points for s in scores)
+            full = sum(s == exercise_points(ex) for s in scores)
             rows.append(
                 (
                     ex.id,
                     f"{sum(scores) / len(scores):.1f}",
-                    f"{ex.points:g}",
+                    f"{exercise_points(ex):g}",
                     f"{full}/{len(scores)}",
                 )
             )
