@@ -146,3 +146,21 @@ def test_no_file_is_over_500_lines():
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
     }
     assert not long, f"files over 500 lines: {long}"
+
+
+def test_the_api_lists_every_name_a_checks_module_uses():
+    """`grader.api.__all__` is a check author's whole vocabulary: every name the checks and
+    hidden checks import from it is listed there."""
+    import grader.api
+
+    used = {
+        alias.name
+        for folder in ("checks", "hidden")
+        for path in (REPO / "grader" / folder).glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module == "grader.api"
+        for alias in node.names
+    }
+    assert "every_rank" in used and "check" in used
+    assert not used - set(grader.api.__all__), sorted(used - set(grader.api.__all__))
+    assert all(hasattr(grader.api, name) for name in grader.api.__all__)

@@ -389,3 +389,25 @@ def test_the_installed_full_set_has_60000_and_10000_images():
     data = fm.fashion_mnist(source="full")
     assert (len(data.train_images), len(data.test_images)) == (60000, 10000)
     assert torch.bincount(data.test_labels).tolist() == [1000] * 10
+
+
+def test_a_notebooks_definitions_load_without_its_training_runs_or_launches(tmp_path):
+    """What `torchrun -m dplab.train_ddp` reads of a notebook: its definitions, in the book's
+    `d2l` spelling, never a training run it skips or a launch, however deep."""
+    from dplab.notebook import definitions
+    from tests.conftest import write_notebook
+
+    ran = tmp_path / "ran"
+    notebook = write_notebook(
+        tmp_path / "distributed.ipynb",
+        "%matplotlib inline\nfrom d2l import torch as d2l",
+        f"def train_ddp(*args):\n    open({str(ran)!r}, 'w').close()",
+        "def demo():\n    return d2l.launch(train_ddp, nprocs=2)",
+        "train_ddp(10, 256)",
+        "result = demo()",
+        "defined = d2l.try_all_gpus is not None",
+    )
+    found = definitions(notebook, skip_calls=frozenset({"train_ddp"}))
+    assert callable(found["train_ddp"]) and found["defined"] is True
+    assert "result" not in found  # its statement ended at the launch
+    assert not ran.exists()

@@ -228,3 +228,22 @@ def test_fork_rng_saves_and_restores_the_stand_ins_random_state():
     with torch.random.fork_rng(devices=[D0]):
         drawn = torch.rand(3)
     assert torch.equal(torch.rand(3), drawn)
+
+
+def test_the_stand_ins_switch_on_when_the_lab_hands_one_out_and_say_so():
+    """Importing the lab changes nothing in torch; the first stand-in handed out (try_gpu)
+    switches them on through `use_stand_ins`, which prints a line saying so."""
+    code = (
+        "import torch, dplab\n"
+        "from dplab import sim\n"
+        "before = (sim.enabled(), torch.tensor is torch._C._VariableFunctions.tensor)\n"
+        "print('before', *before)\n"
+        "print('device', dplab.try_gpu(1))\n"
+        "print('after', sim.enabled(), torch.tensor is torch._C._VariableFunctions.tensor)\n"
+    )
+    proc = run_with_devices(code, "stand-in")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "before False True"
+    assert lines[1].startswith("dplab: this machine has") and "stand-in devices" in lines[1]
+    assert lines[2:] == ["device sim:1", "after True False"]
