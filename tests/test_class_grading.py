@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from grader.grade_class import Outputs, Progress, grade_class
-from grader.judge.registry import exercise_points
+from grader.judge.registry import assignment_points, exercise_points
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission
 from grader.manifest import REPO, load_manifest
@@ -74,7 +74,7 @@ def report(exported):
 
 def test_reference_solutions_get_full_marks(report):
     solutions = report[0]
-    assert solutions["max_score"] == MANIFEST.max_score
+    assert solutions["max_score"] == assignment_points()
     assert solutions["score"] == solutions["max_score"], [
         (e["name"], c["name"], c["message"])
         for e in solutions["exercises"]
@@ -86,7 +86,7 @@ def test_reference_solutions_get_full_marks(report):
 def test_stubs_score_zero_on_every_check(report):
     stubs = report[1]
     assert stubs["score"] == 0
-    assert stubs["max_score"] == MANIFEST.max_score
+    assert stubs["max_score"] == assignment_points()
     for exercise in stubs["exercises"]:
         for check in exercise["checks"]:
             assert not check["passed"]
@@ -129,7 +129,7 @@ def test_the_csv_gradebook_has_a_row_per_student_and_a_column_per_exercise(expor
     rows = list(csv.reader((root / "grades.csv").open(newline="")))
     assert rows[0] == ["student", *(ex.id for ex in MANIFEST.exercises), "total", "max_score"]
     table = {row[0]: row for row in rows[1:]}
-    assert table["ann"][-2:] == [f"{MANIFEST.max_score:g}"] * 2
+    assert table["ann"][-2:] == [f"{assignment_points():g}"] * 2
     assert table["ben"][-2] == "0"
 
 

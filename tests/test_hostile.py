@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from grader.judge.registry import exercise_points
+from grader.judge.registry import assignment_points, exercise_points
 from grader.manifest import REPO, load_manifest
 from tests.conftest import SOLUTIONS, python, write_notebook
 
@@ -291,7 +291,7 @@ def test_every_student_is_graded(graded):
 
 def test_the_good_student_gets_full_marks(graded):
     good = graded["report"]["good"]
-    assert good["score"] == HANDED_IN and good["max_score"] == MANIFEST.max_score
+    assert good["score"] == HANDED_IN and good["max_score"] == assignment_points()
 
 
 def test_invalid_json_scores_zero_on_that_notebook_only(graded):

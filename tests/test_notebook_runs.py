@@ -20,7 +20,7 @@ import torch
 from nbclient import NotebookClient
 
 from grader.authoring import reference_answers
-from grader.judge.registry import exercise_points
+from grader.judge.registry import assignment_points, exercise_points
 from grader.manifest import load_manifest
 from tests.conftest import EXERCISES, NOTEBOOK_DATA_LIMIT
 from tests.nbgrader_course import (
@@ -130,7 +130,7 @@ def test_the_kernels_and_the_grader_give_the_reference_full_marks(course):
     assert gradebook_scores(course.path, ["alice"])["alice"] == full
     with (course.path / "grades.csv").open() as f:
         (row,) = csv.DictReader(f)
-    assert float(row["score"]) == float(row["max_score"]) == MANIFEST.max_score
+    assert float(row["score"]) == float(row["max_score"]) == assignment_points()
 
 
 @pytest.mark.slow

@@ -62,6 +62,13 @@ def exercise_points(exercise: Exercise) -> float:
     return sum(c.points for c in exercise_checks(exercise, hidden_available(exercise)))
 
 
+def assignment_points() -> float:
+    """Return the points of the whole assignment: every exercise's (see `exercise_points`)."""
+    from grader.manifest import load_manifest
+
+    return sum(exercise_points(ex) for ex in load_manifest().exercises)
+
+
 def narrowed(checks: list[Check], names: set[str] | None) -> list[Check]:
     """Return the checks named in `names` and those they must pass `after`, in their order
     (all of them when `names` is None): grading only these runs only their cases."""
