@@ -10,12 +10,17 @@ bus bandwidth, as nccl-tests reports it (size / time x 2 (N - 1) / N), for:
 - `per-parameter`: the reference `average_gradients`, the data cut into 64 gradients;
 - `bucketed`: the reference `average_gradients_bucketed` on the same 64 gradients.
 
-It ends with the ring's share of all_reduce's bandwidth at 16 MiB, and saves a plot. It
-prints figures and asserts nothing: how fast a machine is, is not a test.
+It ends with the ring's share of all_reduce's bandwidth at 16 MiB, and saves a plot. Then
+how soon a deadlock is called: two ranks that both send first (gloo's send blocks), launched
+with an idle limit of 3 s and of 120 s; the launcher calls ranks that sleep in
+torch.distributed deadlocked well before either limit (tests/test_distributed.py checks the
+steps that lead there, never their time). It prints figures and asserts nothing: how fast a
+machine is, is not a test.
 """
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -65,6 +70,24 @@ def measure(sizes: list[int], repeats: int) -> dict[str, list[float]]:
         pairs = zip(sizes, seconds, strict=True)
         table[name] = [dplab.bus_bandwidth(n, t, world) for n, t in pairs]
     return table
+
+
+def sends_first() -> None:
+    """Both ranks send first, then receive: gloo's blocking send makes this a deadlock."""
+    t = torch.ones(4)
+    peer = 1 - dist.get_rank()
+    dist.send(t, peer)
+    dist.recv(t, peer)
+
+
+def deadlock_seconds(idle_timeout: float) -> float:
+    """Return how long a launch of `sends_first` takes to end as deadlocked (RanksHung)."""
+    started = time.monotonic()
+    try:
+        dplab.launch(sends_first, nprocs=2, backend="gloo", idle_timeout=idle_timeout, show=False)
+    except dplab.distributed.RanksHung:
+        return time.monotonic() - started
+    raise RuntimeError("the deadlock was not called")
 
 
 def human(nbytes: int) -> str:
@@ -126,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"at 16 MiB the ring reaches {share:.0%} of all_reduce's bus bandwidth")
     plot(results, args.sizes, args.plot)
     print(f"\nplot written to {args.plot}")
+    for idle in (3.0, 120.0):
+        runs = sorted(deadlock_seconds(idle) for _ in range(3))
+        said = ", ".join(f"{s:.2f}" for s in runs)
+        print(f"a send/send deadlock of 2 ranks, idle limit {idle:g} s: called after {said} s")
 
 
 if __name__ == "__main__":
