@@ -1,5 +1,6 @@
 """Read `manifest.toml`, the single list of exercises, and find the files it names."""
 
+import difflib
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -51,8 +52,11 @@ class Manifest:
         for ex in self.exercises:
             if ex.id == exercise_id:
                 return ex
-        known = ", ".join(ex.id for ex in self.exercises)
-        raise KeyError(f"no exercise called {exercise_id!r}; the exercises are: {known}")
+        ids = [ex.id for ex in self.exercises]
+        close = difflib.get_close_matches(str(exercise_id), ids, n=1, cutoff=0.75)
+        if close:
+            raise KeyError(f"no exercise called {exercise_id!r}: did you mean {close[0]!r}?")
+        raise KeyError(f"no exercise called {exercise_id!r}; the exercises are: {', '.join(ids)}")
 
     @property
     def notebooks(self) -> list[str]:

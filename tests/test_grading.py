@@ -55,7 +55,8 @@ def test_check_passes_on_the_reference(tmp_path):
     ("args", "says"),
     [
         (["grade", "no/such/folder"], "no/such/folder does not exist"),
-        (["check", str(SOLUTIONS), "-e", "allreduse"], "no exercise called 'allreduse'"),
+        (["check", str(SOLUTIONS), "-e", "allreduse"], "did you mean 'allreduce'?"),
+        (["check", str(SOLUTIONS), "-e", "sgd"], "the exercises are: try_gpu, try_all_gpus,"),
     ],
 )
 def test_bad_input_gets_a_clear_message(args, says):

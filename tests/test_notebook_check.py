@@ -43,5 +43,5 @@ def test_outside_a_notebook_the_function_must_be_given():
 
 
 def test_an_unknown_exercise_is_named():
-    with pytest.raises(KeyError, match="no exercise called 'allreduse'"):
+    with pytest.raises(KeyError, match="no exercise called 'allreduse': did you mean 'allreduce'"):
         check("allreduse", print)
