@@ -131,3 +131,23 @@ def test_it_fails_where_the_check_it_names_passed_or_was_not_judged():
     verdicts = judged_with(owner_fails=True, owner_after=("first",))
     assert "not judged until" in verdicts["owner"].message
     assert not verdicts["second"].passed
+
+
+def test_a_failure_shows_tensors_briefly():
+    """A failure names what came back in a line a student can read: a few numbers to four
+    significant digits, a longer tensor by its shape and first values (issue 31)."""
+    import re
+
+    import torch
+
+    from grader.api import Fail, expect_close, expect_equal
+
+    with pytest.raises(Fail) as small:
+        expect_equal(torch.tensor([0.1 + 0.2, 1 / 3]), torch.tensor([0.3, 0.5]), "the sum")
+    assert "came back [0.3, 0.3333] (float32), expected [0.3, 0.5] (float32)" in small.value.message
+    with pytest.raises(Fail) as long:
+        expect_close(torch.arange(12.0) / 7, torch.zeros(12), "the mean")
+    message = long.value.message
+    assert "came back shape (12,) starting [0.0, 0.1429, 0.2857, 0.4286, ...] (float32)" in message
+    digits = [len(n.replace(".", "").lstrip("0")) for n in re.findall(r"\d+\.\d+", message)]
+    assert digits and max(digits) <= 4, message

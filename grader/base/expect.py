@@ -9,15 +9,26 @@ from grader.base.outcomes import Fail
 from grader.base.values import SeenTensor
 
 
-def short(value: Any, limit: int = 12) -> str:
-    """Describe a tensor (or anything) briefly: small tensors in full, big ones by shape."""
+def _brief(values: Any) -> str:
+    """Write numbers (nested in lists, as Tensor.tolist gives them) to four significant digits."""
+    if isinstance(values, list):
+        return f"[{', '.join(_brief(v) for v in values)}]"
+    if not isinstance(values, float):
+        return repr(values)
+    text = f"{values:.4g}"
+    return text if any(c in text for c in ".en") else f"{text}.0"  # 3.0, not 3
+
+
+def short(value: Any, limit: int = 8) -> str:
+    """Describe a tensor (or anything) briefly: up to `limit` numbers in full (to four
+    significant digits), a longer tensor by its shape and first values."""
     if isinstance(value, SeenTensor):
         value = value.value
     if isinstance(value, Tensor):
         if value.numel() <= limit:
-            body = str(value.tolist())
+            body = _brief(value.tolist())
         else:
-            head = ", ".join(f"{v:.4g}" for v in value.flatten()[:4].tolist())
+            head = ", ".join(_brief(v) for v in value.flatten()[:4].tolist())
             body = f"shape {tuple(value.shape)} starting [{head}, ...]"
         return f"{body} ({str(value.dtype).removeprefix('torch.')})"
     if isinstance(value, list | tuple):  # each item briefly: a tensor's repr runs to pages
@@ -27,6 +38,8 @@ def short(value: Any, limit: int = 12) -> str:
         if isinstance(value, list):
             return f"[{', '.join(items)}]"
         return f"({', '.join(items)}{',' if len(value) == 1 else ''})"
+    if isinstance(value, float):
+        return _brief(value)
     return repr(value)
 
 
