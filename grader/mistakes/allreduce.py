@@ -49,3 +49,17 @@ def allreduce(data):
     hint_mentions="Move each tensor to data[0]'s device",
     seen_in="code that ran on one device (or on the CPU repeated), and fails on two GPUs",
 )
+
+crashes_on_every_list_of_two = Mistake(
+    source="""
+def allreduce(data):
+    for i in range(1, len(data)):
+        data[0][:] += data[i]
+    for i in range(1, len(data)):
+        data[i][:] = data[0].to(data[i].device)
+""",
+    fails="writes_into_the_tensors_it_was_given",
+    hint_mentions="Move each tensor to data[0]'s device",
+    seen_in="a lab trial: only the list of one tensor finished, and had earned this check",
+)
+
