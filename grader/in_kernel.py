@@ -53,6 +53,26 @@ def _run(ex: Exercise, namespace: dict, hidden: bool) -> list[CheckResult]:
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex)).checks
 
 
+class Points(float):
+    """The points a check cell earned. nbgrader reads them as the cell's partial credit from
+    the plain text of its result ("6.0"); JupyterLab shows the richer line below instead of a
+    bare number under the report."""
+
+    def __new__(cls, earned: float, out_of: float, hidden: bool) -> "Points":
+        points = super().__new__(cls, earned)
+        points.out_of, points.hidden = out_of, hidden
+        return points
+
+    def _repr_markdown_(self) -> str:
+        line = f"**{float(self):g} of {self.out_of:g} points**"
+        if self.hidden:
+            return line + " (public and hidden checks)"
+        return (
+            line + " from the public checks. Hidden checks, run when your work is graded, "
+            "hold the rest of the exercise's points."
+        )
+
+
 def check(exercise_id: str, function: Callable | None = None, hidden: bool = False) -> float:
     """Run the checks of `exercise_id`, print the verdicts and return the points earned.
 
@@ -78,4 +98,4 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     print(render_exercise(result, ex.title))
     if stray.getvalue().strip():
         print("(printed to stderr while checking:)\n" + stray.getvalue().strip()[-2000:])
-    return float(result.score)
+    return Points(result.score, result.max_score, hidden)

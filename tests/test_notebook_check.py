@@ -37,6 +37,19 @@ def test_hidden_checks_add_to_the_public_ones():
     assert re.search(r"✓ matches_the_reference_on_random_batches +2/2 \(hidden\)", out)
 
 
+def test_a_check_cell_shows_its_points_in_words_and_nbgrader_reads_the_number():
+    """Under the report, JupyterLab shows the points in a sentence that says hidden checks
+    exist, not a bare 6.0; nbgrader's partial credit still reads the plain number."""
+    ns = fresh_solution("from_scratch.ipynb")
+    public, _, _ = run_check("split_batch", ns["split_batch"])
+    assert repr(public) == "6.0" and float(public) == 6.0
+    shown = public._repr_markdown_()
+    assert shown.startswith("**6 of 6 points** from the public checks")
+    assert "Hidden checks" in shown
+    total, _, _ = run_check("split_batch", ns["split_batch"], hidden=True)
+    assert total._repr_markdown_() == "**8 of 8 points** (public and hidden checks)"
+
+
 def test_outside_a_notebook_the_function_must_be_given():
     with pytest.raises(TypeError, match=r"pass the function: check\('allreduce', allreduce\)"):
         check("allreduce")
