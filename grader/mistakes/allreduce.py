@@ -62,4 +62,3 @@ def allreduce(data):
     hint_mentions="Move each tensor to data[0]'s device",
     seen_in="a lab trial: only the list of one tensor finished, and had earned this check",
 )
-
