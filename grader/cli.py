@@ -7,7 +7,7 @@ from pathlib import Path
 from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_path, prefetch
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points
-from grader.manifest import load_manifest
+from grader.manifest import Exercise, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.results import render_submission
 from grader.sandbox.starting import children_fence, fork_server
@@ -176,9 +176,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def about(note: str, exercises: list[Exercise]) -> bool:
+    """Return True for a loading note about a cell of one of `exercises`: its solution or
+    check cell (by grade id), or the cell that defines its function."""
+    return any(
+        f"cell `{ex.id}-" in note or f"cell that defines `{ex.function}`" in note
+        for ex in exercises
+    )
+
+
 def run_check(args: argparse.Namespace) -> int:
     result = grade_path(args.path, args.exercise, hidden=False, limits=limits_of(args))
-    print(render_submission(result, {ex.id: ex.title for ex in load_manifest().exercises}))
+    manifest = load_manifest()
+    if args.exercise:  # the notes about other exercises' cells are not this student's question
+        chosen = [manifest.exercise(e) for e in args.exercise]
+        result.notes = [note for note in result.notes if about(note, chosen)]
+    print(render_submission(result, {ex.id: ex.title for ex in manifest.exercises}))
     everything = all(c.passed for e in result.exercises for c in e.checks)
     return 0 if everything else 1
 

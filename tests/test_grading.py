@@ -151,3 +151,18 @@ def test_a_failure_shows_tensors_briefly():
     assert "came back shape (12,) starting [0.0, 0.1429, 0.2857, 0.4286, ...] (float32)" in message
     digits = [len(n.replace(".", "").lstrip("0")) for n in re.findall(r"\d+\.\d+", message)]
     assert digits and max(digits) <= 4, message
+
+
+@pytest.mark.slow
+def test_check_of_one_exercise_shows_no_notes_about_the_others():
+    """`check --exercise allreduce` on the released stubs reports allreduce alone; without
+    --exercise the notes about the other stubs' cells come too, each cell named as JupyterLab
+    shows it, never by a number (issue 31)."""
+    notebook = str(EXERCISES / "from_scratch.ipynb")
+    one = grade("check", notebook, "-e", "allreduce")
+    assert "allreduce (Sum across devices, in place): 0 of 6 checks passed" in one.stdout
+    assert "While loading" not in one.stdout, one.stdout
+    every = grade("check", notebook)
+    notes = every.stdout.split("While loading the notebooks:")[1].splitlines()
+    assert any("from_scratch.ipynb: cell `print(try_all_gpus())`, line 1" in n for n in notes)
+    assert not any("code cell" in n for n in notes), notes

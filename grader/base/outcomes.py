@@ -99,7 +99,7 @@ class Raised:
     @classmethod
     def from_exception(cls, error: BaseException) -> "Raised":
         frames = traceback.extract_tb(error.__traceback__)
-        mine = [f for f in frames if "code cell" in f.filename or "<string>" in f.filename]
+        mine = [f for f in frames if ", cell " in f.filename or "<string>" in f.filename]
         where = ""
         if mine:
             last = mine[-1]

@@ -33,10 +33,13 @@ from dplab.notebook import (  # (a loader's reading rules are the runtime's)
     NEVER_CALLED,
     calls_any,
     install_d2l_alias,
-    read_cells,
+    read_code_cells,
 )
 from dplab.notebook import (
     NotebookError as NotebookError,
+)
+from dplab.notebook import (
+    read_cells as read_cells,
 )
 from dplab.notebook import (
     strip_magics as strip_magics,
@@ -108,8 +111,9 @@ def load_notebook(
     """
     path = Path(path)
     name = module_name or f"submission_{path.stem.replace('-', '_')}"
+    cells = read_code_cells(path)
     return load_cells(
-        read_cells(path),
+        [source for source, _ in cells],
         path,
         skip_calls,
         name,
@@ -117,6 +121,7 @@ def load_notebook(
         skip_statements,
         before_statement,
         label,
+        names=[f"cell {cell_label}" for _, cell_label in cells],
     )
 
 
@@ -129,17 +134,19 @@ def load_cells(
     skip_statements: frozenset[tuple[int, int]] = frozenset(),
     before_statement: Callable[[int, int], None] | None = None,
     label: str = "code cell",
+    names: list[str] | None = None,
 ) -> Loaded:
     """Run code cells (their sources, in order) as `load_notebook` runs a notebook's.
 
-    Each cell's code is named `<NOTEBOOK, LABEL N>`; reports quote the lines of frames
-    named "code cell", the student's, and no others.
+    Each cell's code is named `<NOTEBOOK, NAME>`, NAME from `names` (a notebook's cells:
+    "cell `allreduce-solution`", see dplab.notebook.cell_label), else "LABEL N"; reports quote
+    the lines of frames named ", cell ", the student's, and no others.
     """
     install_d2l_alias()
     with launches_skipped(), imported_when_used():
         return _load_cells(
             cells, path, skip_calls, module_name, statement_seconds, skip_statements,
-            before_statement, label,
+            before_statement, names or [f"{label} {n}" for n in range(1, len(cells) + 1)],
         )  # fmt: skip
 
 
@@ -151,24 +158,24 @@ def _load_cells(
     statement_seconds: float | None,
     skip_statements: frozenset[tuple[int, int]],
     before_statement: Callable[[int, int], None] | None,
-    label: str,
+    names: list[str],
 ) -> Loaded:
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
     sys.modules[module_name] = module
     loaded = Loaded(path, module.__dict__)
     skip_calls = skip_calls | NEVER_CALLED
-    for number, raw in enumerate(cells, start=1):
+    for number, (raw, cell) in enumerate(zip(cells, names, strict=True), start=1):
         source, note = strip_magics(raw)
         if note:
-            loaded.notes.append(f"code cell {number}: {note}")
-        filename = f"<{path.name}, {label} {number}>"
+            loaded.notes.append(f"{cell}: {note}")
+        filename = f"<{path.name}, {cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             tree = ast.parse(source, filename=filename)
         except SyntaxError as error:
             loaded.notes.append(
-                f"code cell {number}: syntax error on line {error.lineno}: {error.msg}; "
+                f"{cell}: syntax error on line {error.lineno}: {error.msg}; "
                 "nothing in this cell was loaded"
             )
             continue
@@ -177,19 +184,19 @@ def _load_cells(
                 continue
             if before_statement is not None:
                 before_statement(number, statement.lineno)
-            _run_statement(statement, filename, number, skip_calls, loaded, statement_seconds)
+            _run_statement(statement, filename, cell, skip_calls, loaded, statement_seconds)
     return loaded
 
 
 def _run_statement(
     statement: ast.stmt,
     filename: str,
-    cell: int,
+    cell: str,
     skip_calls: frozenset[str],
     loaded: Loaded,
     seconds: float | None,
 ) -> None:
-    where = f"code cell {cell}, line {statement.lineno}"
+    where = f"{cell}, line {statement.lineno}"
     if called := calls_any(statement, skip_calls):
         if called not in NEVER_CALLED:
             loaded.notes.append(

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
@@ -52,6 +53,15 @@ from grader.sandbox.starting import forget, start_child, track
 from grader.sandbox.watching import GroupTime, Watch, describe_exit, follow, log_tail, over_a_limit
 
 DEVICES = 2  # the exercises train on two devices, like the book
+
+
+def cell_name(path: Path | None, number: int) -> str:
+    """Name code cell `number` of the notebook at `path` as a student finds it (its grade id,
+    or what it defines: dplab.notebook.cell_label)."""
+    try:
+        return f"cell {read_code_cells(path)[number - 1][1]}" if path else f"code cell {number}"
+    except (NotebookError, IndexError):
+        return f"code cell {number}"
 
 
 def run_child(
@@ -258,7 +268,8 @@ def run_notebook(
                 case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
                     collected.skip.setdefault(notebook, []).append([cell, line])
                     collected.skip_notes.setdefault(notebook, []).append(
-                        f"code cell {cell}, line {line}: skipped, because {stop.reason} "
+                        f"{cell_name(sub.notebooks.get(notebook), cell)}, line {line}: skipped, "
+                        f"because {stop.reason} "
                         "while running it"
                     )
                 case OnNotebook(notebook):  # every exercise left to this loop is in it
