@@ -34,21 +34,22 @@ def install_d2l_alias() -> None:
 def read_code_cells(path: Path) -> list[tuple[str, str]]:
     """Return (source, label) for each of the notebook's code cells, or raise NotebookError
     saying why not. The label names the cell as JupyterLab shows it (see `cell_label`)."""
+    name = Path(path).name  # (the grader reads a copy: its folder means nothing to the student)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise NotebookError(f"{path} does not exist") from None
+        raise NotebookError(f"{name} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise NotebookError(f"{path} cannot be read: {error}") from None
+        raise NotebookError(f"{name} cannot be read: {type(error).__name__}") from None
     try:
         nb = json.loads(text)
     except json.JSONDecodeError as error:
         raise NotebookError(
-            f"{path} is not valid JSON ({error.msg} at line {error.lineno}); "
+            f"{name} is not valid JSON ({error.msg} at line {error.lineno}); "
             "open it in JupyterLab and save it again, or submit a fresh copy"
         ) from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotebookError(f"{path} is JSON but not a notebook: it has no list of cells")
+        raise NotebookError(f"{name} is JSON but not a notebook: it has no list of cells")
     cells = []
     for cell in nb["cells"]:
         if isinstance(cell, dict) and cell.get("cell_type") == "code":

@@ -5,8 +5,9 @@ import sys
 from pathlib import Path
 
 from grader.grade_class import Outputs, expand, grade_class
-from grader.grading import Limits, grade_path, prefetch
+from grader.grading import Limits, grade_submission, prefetch, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points
+from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Exercise, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.results import render_submission
@@ -186,8 +187,20 @@ def about(note: str, exercises: list[Exercise]) -> bool:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    result = grade_path(args.path, args.exercise, hidden=False, limits=limits_of(args))
     manifest = load_manifest()
+    sub = select_exercises(find_submission(args.path, manifest), args.exercise)
+    unfit = unfit_notebooks(sub, manifest)
+    if (
+        len(sub.notebooks) == 1
+        and sub.notes
+        and "is not one of the lab's notebooks" in sub.notes[0]
+    ):
+        unfit = [sub.notes[0].replace("; it was graded against every exercise", "")]
+    if unfit:  # one clear error, and no report of checks that could judge nothing
+        for problem in unfit:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    result = grade_submission(sub, hidden=False, limits=limits_of(args))
     if args.exercise:  # the notes about other exercises' cells are not this student's question
         chosen = [manifest.exercise(e) for e in args.exercise]
         result.notes = [note for note in result.notes if about(note, chosen)]

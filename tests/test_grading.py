@@ -166,3 +166,27 @@ def test_check_of_one_exercise_shows_no_notes_about_the_others():
     notes = every.stdout.split("While loading the notebooks:")[1].splitlines()
     assert any("from_scratch.ipynb: cell `print(try_all_gpus())`, line 1" in n for n in notes)
     assert not any("code cell" in n for n in notes), notes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "from_scratch.ipynb is not valid JSON"),
+        (
+            '{"cells": [{"cell_type": "code", "metadata": {}, "source": "print(1)"}]}',
+            "from_scratch.ipynb is not the lab's notebook: it has none of from_scratch.ipynb's",
+        ),
+    ],
+)
+def test_a_notebook_that_cannot_be_checked_gets_one_clear_error(tmp_path, text, says):
+    """A file that is no notebook, or another course's notebook under the lab's name: one
+    line that names the file, says what is wrong and what to do; no report of checks that
+    judged nothing, and no path of the grader's own copy (issue 31)."""
+    (tmp_path / "from_scratch.ipynb").write_text(text)
+    proc = grade("check", str(tmp_path / "from_scratch.ipynb"))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("dplab:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {says}"), proc.stderr
+    assert "/tmp" not in proc.stderr and "grade-" not in proc.stderr

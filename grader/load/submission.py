@@ -4,6 +4,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dplab.notebook import read_code_cells
 from grader.load.notebook import NotebookError, read_cells, strip_magics
 from grader.manifest import Exercise, Manifest
 
@@ -107,3 +108,25 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
         sub.notes.append(f"{name} is missing from {path}: its exercises score 0")
     sub.exercises = list(manifest.exercises)
     return sub
+
+
+def unfit_notebooks(sub: Submission, manifest: Manifest) -> list[str]:
+    """Say what keeps each of the submission's notebooks from being checked at all: a file
+    that is not a notebook, or a notebook that is not the lab's (none of its graded cells and
+    none of its functions). An empty list: every notebook can be checked."""
+    found = []
+    for name, path in sub.notebooks.items():
+        try:
+            cells = read_code_cells(path)
+        except NotebookError as error:
+            found.append(str(error))
+            continue
+        functions = {ex.function for ex in sub.exercises if ex.notebook == name}
+        ours = any(label.startswith(f"`{ex.id}-") for _, label in cells for ex in sub.exercises)
+        if functions and not ours and not functions & defined_functions(path):
+            found.append(
+                f"{path.name} is not the lab's notebook: it has none of {name}'s graded cells "
+                f"and defines none of its functions ({', '.join(sorted(functions))}); write "
+                f"your code in the lab's {name} (in your work folder) and check that one"
+            )
+    return list(dict.fromkeys(found))
