@@ -173,7 +173,7 @@ def name_what_a_crash_blocked(verdicts: list[Verdict]) -> None:
         if len(results) > 1:
             for r in results:
                 others = ", ".join(o.name for o in results if o is not r)
-                r.message += f" (the same error also failed: {others})"
+                r.message += f" (the same error also failed: {others})"  # (report.results)
 
 
 def judge_exercise(

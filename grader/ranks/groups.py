@@ -22,7 +22,8 @@ IDLE_SECONDS = 5.0
 CPU_SECONDS = 60.0  # processor time of one group, all ranks together
 WALL_SECONDS = 300.0  # a backstop
 
-LIBRARY_PARTS.append(os.path.dirname(__file__) + os.sep)  # a stuck rank shows the student's frames
+# A stuck rank's stack shows the student's frames alone: none of the grader's (grader/).
+LIBRARY_PARTS.append(os.path.dirname(os.path.dirname(__file__)) + os.sep)
 
 
 def in_rank(call: Callable[[], Any]) -> dict:

@@ -35,6 +35,7 @@ def read_json(path: Path) -> list[SubmissionResult]:
 
 
 MAX_NOTES = 8
+ALSO_FAILED = " (the same error also failed: "  # see grader.judge.verdicts
 
 
 def _points(x: float) -> str:
@@ -51,14 +52,21 @@ def render_exercise(result: ExerciseResult, title: str = "") -> str:
     ]
     lines += [f"  ! {note}" for note in result.notes]
     width = max((len(c.name) for c in result.checks), default=0)
+    said: dict[str, str] = {}  # a failure's message (the error alone) -> the check that said it
     for c in result.checks:
         mark = "✓" if c.passed else "✗"
         tag = " (hidden)" if c.hidden else ""
         lines.append(
             f"  {mark} {c.name.ljust(width)}  {_points(c.points)}/{_points(c.max_points)}{tag}"
         )
+        core = c.message.split(ALSO_FAILED)[0]
+        if not c.passed and core in said:  # one error is shown once per exercise
+            lines.append(f"      the same as {said[core]} above")
+            continue
         if c.message:  # a failure, or a check that kept its points for another's sake
-            lines.append(f"      {c.message}")
+            lines.append(f"      {core}")
+            if not c.passed:
+                said[core] = f"`{c.name}`"
         if not c.passed and c.hint:
             lines.append(f"      hint: {c.hint}")
     return "\n".join(lines)
