@@ -190,3 +190,17 @@ def test_a_notebook_that_cannot_be_checked_gets_one_clear_error(tmp_path, text, 
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("dplab:")]
     assert len(lines) == 1 and lines[0].startswith(f"error: {says}"), proc.stderr
     assert "/tmp" not in proc.stderr and "grade-" not in proc.stderr
+
+
+def test_an_error_is_shown_once_per_exercise():
+    """Checks that one error failed show it once; the others point to it (issue 31)."""
+    from grader.judge.results import CheckResult, exercise_result
+    from grader.report.results import render_exercise
+
+    def failed(name: str, seconds: str) -> CheckResult:
+        message = f"the ranks are waiting: rank 0 computed nothing for {seconds} s"
+        return CheckResult(name, False, 0, 1, message, "post the send with isend")
+
+    shown = render_exercise(exercise_result("ring", [failed("a", "0.8"), failed("b", "5")]))
+    assert shown.count("computed nothing") == 1 and shown.count("hint:") == 1, shown
+    assert shown.splitlines()[-1] == "      the same as `a` above"
