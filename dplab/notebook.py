@@ -31,9 +31,9 @@ def install_d2l_alias() -> None:
     sys.modules["d2l.torch"] = dplab
 
 
-def read_code_cells(path: Path) -> list[tuple[str, str]]:
-    """Return (source, label) for each of the notebook's code cells, or raise NotebookError
-    saying why not. The label names the cell as JupyterLab shows it (see `cell_label`)."""
+def _code_cells(path: Path) -> list[tuple[dict, str]]:
+    """Return (cell, source) for each of the notebook's code cells, or raise NotebookError
+    saying why not."""
     name = Path(path).name  # (the grader reads a copy: its folder means nothing to the student)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -54,14 +54,20 @@ def read_code_cells(path: Path) -> list[tuple[str, str]]:
     for cell in nb["cells"]:
         if isinstance(cell, dict) and cell.get("cell_type") == "code":
             source = cell.get("source", "")
-            source = "".join(source) if isinstance(source, list) else str(source)
-            cells.append((source, cell_label(cell, source, len(cells) + 1)))
+            cells.append((cell, "".join(source) if isinstance(source, list) else str(source)))
     return cells
 
 
 def read_cells(path: Path) -> list[str]:
-    """Return the sources of the notebook's code cells (see `read_code_cells`)."""
-    return [source for source, _ in read_code_cells(path)]
+    """Return the sources of the notebook's code cells, or raise NotebookError saying why not."""
+    return [source for _, source in _code_cells(path)]
+
+
+def read_code_cells(path: Path) -> list[tuple[str, str]]:
+    """Return (source, label) for each of the notebook's code cells: the label names the cell
+    as JupyterLab shows it (see `cell_label`)."""
+    cells = _code_cells(path)
+    return [(source, cell_label(cell, source, n)) for n, (cell, source) in enumerate(cells, 1)]
 
 
 def cell_label(cell: dict, source: str, number: int) -> str:

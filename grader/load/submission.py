@@ -111,22 +111,29 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
 
 
 def unfit_notebooks(sub: Submission, manifest: Manifest) -> list[str]:
-    """Say what keeps each of the submission's notebooks from being checked at all: a file
-    that is not a notebook, or a notebook that is not the lab's (none of its graded cells and
-    none of its functions). An empty list: every notebook can be checked."""
+    """Say what keeps each of the submission's files from being checked at all: a file that
+    is not a notebook, or a notebook that is not the lab's (none of the graded cells and none
+    of the functions of the notebooks it stands for). An empty list: every one can be checked."""
     found = []
-    for name, path in sub.notebooks.items():
+    for path in dict.fromkeys(sub.notebooks.values()):
+        names = [name for name, p in sub.notebooks.items() if p == path]
         try:
             cells = read_code_cells(path)
         except NotebookError as error:
             found.append(str(error))
             continue
-        functions = {ex.function for ex in sub.exercises if ex.notebook == name}
+        functions = {ex.function for ex in sub.exercises if ex.notebook in names}
         ours = any(label.startswith(f"`{ex.id}-") for _, label in cells for ex in sub.exercises)
-        if functions and not ours and not functions & defined_functions(path):
-            found.append(
-                f"{path.name} is not the lab's notebook: it has none of {name}'s graded cells "
-                f"and defines none of its functions ({', '.join(sorted(functions))}); write "
-                f"your code in the lab's {name} (in your work folder) and check that one"
-            )
-    return list(dict.fromkeys(found))
+        if not functions or ours or functions & defined_functions(path):
+            continue
+        if len(names) == 1:
+            what, cells_of, functions_of = "the lab's notebook", f"{names[0]}'s", "its"
+        else:
+            what = f"one of the lab's notebooks ({', '.join(names)})"
+            cells_of = functions_of = "their"
+        found.append(
+            f"{path.name} is not {what}: it has none of {cells_of} graded cells and defines "
+            f"none of {functions_of} functions ({', '.join(sorted(functions))}); write your "
+            "code in the lab's notebooks (in your work folder) and check those"
+        )
+    return found
