@@ -7,7 +7,7 @@ point; the script joins the group with NCCL and `cuda:LOCAL_RANK` where each pro
 GPU, else with gloo on the CPU, loads `train_ddp` and `lenet` (or `--model NAME`) from the
 notebook (its training runs and launches are not run: dplab.notebook) and trains. Across
 machines, run the same command on each with `--nnodes`, `--rdzv-backend c10d` and one
-`--rdzv-endpoint` (see the README).
+`--rdzv-endpoint` (see docs/distributed.md).
 """
 
 import argparse

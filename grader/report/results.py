@@ -21,7 +21,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def write_json(results: list[SubmissionResult], path: Path) -> None:
-    """Write the JSON report (see the README for its fields)."""
+    """Write the JSON report (docs/grading.md lists its fields)."""
     payload = {"submissions": [asdict(r) for r in results]}
     write_atomically(path, json.dumps(payload, indent=2) + "\n")
 
