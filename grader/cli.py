@@ -10,6 +10,7 @@ from grader.judge.registry import HiddenChecksUnavailable, exercise_points
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Exercise, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
+from grader.report.feedback import FeedbackError, check_feedback_folder
 from grader.report.results import render_submission
 from grader.sandbox.starting import children_fence, fork_server
 
@@ -139,6 +140,13 @@ def parser() -> argparse.ArgumentParser:
         "to trust, as `nbgrader autograde` runs the checks inside the student's kernel",
     )
     g.add_argument(
+        "--feedback",
+        type=Path,
+        metavar="DIR",
+        help="write a feedback file for each submission, DIR/<id>.md (Markdown): its "
+        "scores, its public checks' messages and hints, its hidden checks' points only",
+    )
+    g.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -210,6 +218,8 @@ def run_grade(args: argparse.Namespace) -> int:
             manifest.exercise(e)
     if args.gradebook:
         check_nbgrader_gradebook(args.gradebook, manifest)
+    if args.feedback:
+        check_feedback_folder(args.feedback)
     subs = expand(args.submissions, manifest)
     terminal = sys.stdout  # (a reference's cells print into a buffer while they load)
     if subs:  # what judging needs, loaded while the fork server may still be importing
@@ -220,7 +230,7 @@ def run_grade(args: argparse.Namespace) -> int:
         file=terminal,
         flush=True,
     )
-    outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook)
+    outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook, args.feedback)
     results = grade_class(
         subs,
         outputs,
@@ -240,6 +250,7 @@ def run_grade(args: argparse.Namespace) -> int:
         ("gradebook", args.csv),
         ("Gradescope results", args.gradescope),
         ("nbgrader's gradebook", args.gradebook),
+        ("feedback", args.feedback),
     ):
         if where:
             print(f"{what} written to {where}")
@@ -272,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return run_check(args)
         return run_grade(args)
-    except (FileNotFoundError, KeyError, GradebookError) as error:
+    except (FileNotFoundError, KeyError, GradebookError, FeedbackError) as error:
         print(f"error: {error.args[0] if error.args else error}", file=sys.stderr)
         return 2
     except HiddenChecksUnavailable as error:

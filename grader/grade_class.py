@@ -5,8 +5,8 @@
 - Submissions run `jobs` at a time, each in its own fenced children (grader.grading); while
   the cores sit idle (a submission whose ranks deadlocked waits for the verdict), one more
   starts, up to twice `jobs` (see grader.sandbox.scheduler.SpareCores).
-- After each one finishes, the JSON report, the CSV gradebook and its Gradescope file are
-  rewritten atomically, so an interrupted run keeps everything already graded.
+- After each one finishes, the JSON report, the CSV gradebook, its Gradescope file and its
+  feedback file are rewritten atomically, so an interrupted run keeps everything already graded.
 - A submission whose fingerprint (notebooks, grader, options) matches one in the existing
   JSON report is not graded again, unless asked.
 - At the very end every output is written once more from the results held in memory, so
@@ -35,6 +35,7 @@ from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
+from grader.report.feedback import write_feedback
 from grader.report.results import read_json, write_atomically, write_json
 from grader.sandbox.collected import Phases
 from grader.sandbox.scheduler import side_by_side_while_idle
@@ -105,9 +106,11 @@ class Outputs:
     csv: Path | None = None
     gradescope: Path | None = None
     nbgrader: Path | None = None  # nbgrader's gradebook.db
+    feedback: Path | None = None  # a folder: a Markdown file per student
 
     def write(self, results: list[SubmissionResult], just_done: SubmissionResult | None) -> None:
-        """Rewrite the reports; write the Gradescope file of `just_done` (all of them if None)."""
+        """Rewrite the reports; write the Gradescope and feedback files of `just_done` (all of
+        them if None)."""
         manifest = load_manifest()
         if self.json:
             write_json(results, self.json)
@@ -119,6 +122,10 @@ class Outputs:
         if self.nbgrader:
             done = results if just_done is None else [just_done]
             write_nbgrader_gradebook(done, self.nbgrader, manifest)
+        if self.feedback:
+            titles = {ex.id: ex.title for ex in manifest.exercises}
+            for r in results if just_done is None else [just_done]:
+                write_feedback(r, self.feedback, titles)
 
 
 class Progress:

@@ -1,0 +1,194 @@
+"""A feedback file per student: `DIR/<id>.md`, in Markdown that reads as plain text too.
+
+It holds the total, a table of the exercises' scores, every public check with its verdict
+(and, where it failed, the message and hint the student's own `check` shows), every hidden
+check by name and points only (its message and hint would give its inputs away), and the
+notes that loading the notebooks produced."""
+
+import os
+import re
+from pathlib import Path
+
+from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
+from grader.report.results import ALSO_FAILED, SECONDS, write_atomically
+
+# What Markdown would act on in a line of text, escaped only where it would: a backslash
+# before punctuation, a backtick left over, `*`/`_`/`~` that could open emphasis or
+# strikethrough, `<` of a tag, `&` of an entity, `](` of a link (so `copy_(...)`, `2 * 3` and
+# `[[3., 3.]]` stay as they are).
+SPECIAL = re.compile(
+    r"\\(?=[!-/:-@\[-`{-~]|$)|`|\*(?=\S)|(?<![0-9A-Za-z])_(?=\S)|~(?=\S)"
+    r"|<(?=[A-Za-z/!?])|&(?=#?\w+;)|\](?=\()"
+)
+# What would make the start of a line a heading, a quote or a list item.
+BLOCK_START = re.compile(r"^([#>+-])")
+NUMBERED = re.compile(r"^(\d+)([.)])")
+# A code span: a run of backticks, then text, then a run of as many (and no more).
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
+class FeedbackError(ValueError):
+    """The folder for the feedback files cannot be used (it is a file, say)."""
+
+
+def check_feedback_folder(folder: Path) -> None:
+    """Raise FeedbackError unless `folder` is, or can be made, a folder to write into."""
+    folder = Path(folder)
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == folder else f": {existing}"
+        raise FeedbackError(f"--feedback {folder}{where} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise FeedbackError(f"--feedback {folder}: cannot write into {existing}")
+
+
+def _points(x: float) -> str:
+    """Return a score as the other reports show it: 2, 0.5, 11."""
+    return f"{x:g}"
+
+
+def _plain(text: str, table: bool) -> str:
+    """Return text outside code spans with what Markdown would act on escaped."""
+    text = SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+    return text.replace("|", r"\|") if table else text
+
+
+def inline(text: str, table: bool = False) -> str:
+    """Return text as one line of Markdown that shows it as written (balanced `code` stays
+    code); in a table cell (`table`), `|` is escaped too."""
+    text = " ".join(text.split("\n")).strip()
+    parts, end = [], 0
+    for span in CODE_SPAN.finditer(text):
+        code = span.group(0).replace("|", r"\|") if table else span.group(0)
+        parts += [_plain(text[end : span.start()], table), code]
+        end = span.end()
+    parts.append(_plain(text[end:], table))
+    return "".join(parts)
+
+
+def _line_start(line: str) -> str:
+    """Return a line of Markdown whose first character cannot start a block (`- x`, `1. x`)."""
+    return NUMBERED.sub(r"\1\\\2", BLOCK_START.sub(r"\\\1", line, count=1), count=1)
+
+
+def block(text: str, indent: str) -> list[str]:
+    """Return text of several lines as a fenced block, its lines kept as they are."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    body = [f"{indent}{line}".rstrip() for line in text.splitlines()]
+    return [f"{fence}text", *body, f"{indent}{fence}"]
+
+
+def item(text: str, indent: str, prefix: str = "") -> list[str]:
+    """Return a list item of `text`: inline when it is one line, a fenced block if more."""
+    text = text.strip("\n")
+    if "\n" not in text:
+        return [f"{indent}- {prefix}{inline(text) if prefix else _line_start(inline(text))}"]
+    first, *rest = block(text, indent + "  ")
+    if prefix:
+        return [f"{indent}- {prefix.rstrip()}", f"{indent}  {first}", *rest]
+    return [f"{indent}- {first}", *rest]
+
+
+def public_check(check: CheckResult, said: dict[str, str]) -> list[str]:
+    """Return a public check's lines: verdict and points, and what its `check` says of it
+    (an error already shown for another check of the exercise is not repeated)."""
+    verdict = "passed" if check.passed else "failed"
+    mark = "✓" if check.passed else "✗"
+    lines = [
+        f"- {mark} `{check.name}`: {verdict}, "
+        f"{_points(check.points)}/{_points(check.max_points)} points"
+    ]
+    core = check.message.split(ALSO_FAILED)[0]
+    key = SECONDS.sub("N s", core)
+    if not check.passed and key in said:
+        return [*lines, f"  - the same as {said[key]} above"]
+    if core:
+        lines += item(core, "  ")
+        if not check.passed:
+            said[key] = f"`{check.name}`"
+    if not check.passed and check.hint:
+        lines += item(check.hint, "  ", "hint: ")
+    return lines
+
+
+def hidden_check(check: CheckResult) -> str:
+    """Return a hidden check's line: its name and points, nothing it said."""
+    return f"- `{check.name}`: {_points(check.points)}/{_points(check.max_points)} points"
+
+
+def exercise_section(exercise: ExerciseResult, title: str = "") -> list[str]:
+    """Return an exercise's section: its score, notes, public and hidden checks."""
+    heading = f"`{exercise.name}`" + (f": {inline(title)}" if title else "")
+    lines = [
+        f"## {heading}",
+        "",
+        f"{_points(exercise.score)}/{_points(exercise.max_score)} points.",
+        "",
+    ]
+    if exercise.notes:
+        lines += [line for note in exercise.notes for line in item(note, "")] + [""]
+    public = [c for c in exercise.checks if not c.hidden]
+    hidden = [c for c in exercise.checks if c.hidden]
+    if public:
+        said: dict[str, str] = {}
+        lines += ["Public checks (the ones your own `check` runs):", ""]
+        lines += [line for c in public for line in public_check(c, said)] + [""]
+    if hidden:
+        lines += ["Hidden checks (their inputs stay private, so only the points are shown):", ""]
+        lines += [hidden_check(c) for c in hidden] + [""]
+    return lines
+
+
+def score_table(result: SubmissionResult, titles: dict[str, str]) -> list[str]:
+    """Return the table of exercises and their scores, with the total as its last row."""
+    rows = ["| exercise | score |", "|---|---|"]
+    for e in result.exercises:
+        title = f" ({inline(titles[e.name], table=True)})" if titles.get(e.name) else ""
+        rows.append(f"| `{e.name}`{title} | {_points(e.score)}/{_points(e.max_score)} |")
+    rows.append(f"| **total** | **{_points(result.score)}/{_points(result.max_score)}** |")
+    return rows
+
+
+def _without_path(note: str, path: str) -> str:
+    """Return a note with the submission's path on the grader's machine named as a student
+    knows it ("your submission")."""
+    if not path:
+        return note
+    where = re.compile(rf"(?<![^\s'\"(]){re.escape(path)}(?=$|[\s:,;)'\"])")
+    return where.sub("your submission", note)
+
+
+def loading_notes(result: SubmissionResult) -> list[str]:
+    """Return the section of notes from loading the notebooks, the grader's paths left out."""
+    if not result.notes:
+        return []
+    notes = [_without_path(note, result.path) for note in result.notes]
+    lines = ["## While loading your notebooks", ""]
+    return lines + [line for note in notes for line in item(note, "")] + [""]
+
+
+def feedback_markdown(result: SubmissionResult, titles: dict[str, str] | None = None) -> str:
+    """Return one submission's feedback as Markdown."""
+    titles = titles or {}
+    lines = [
+        f"# Feedback for {inline(result.id)}",
+        "",
+        f"**Total: {_points(result.score)}/{_points(result.max_score)} points**",
+        "",
+        *score_table(result, titles),
+        "",
+    ]
+    for e in result.exercises:
+        lines += exercise_section(e, titles.get(e.name, ""))
+    lines += loading_notes(result)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_feedback(
+    result: SubmissionResult, folder: Path, titles: dict[str, str] | None = None
+) -> Path:
+    """Write `folder/<id>.md` for one submission, atomically; return its path."""
+    path = Path(folder) / f"{result.id}.md"
+    write_atomically(path, feedback_markdown(result, titles))
+    return path
