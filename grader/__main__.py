@@ -3,8 +3,27 @@
 import os
 import sys
 
-from grader import settings, warm
-from grader.sandbox import forkserver
+
+def _standard_streams_open() -> None:
+    """Open the null device on any of the standard streams that was closed (`>&-`): else the
+    first file or socket opened takes its number, and output meant for the terminal goes
+    there. The reports are written all the same."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
+
+
+_standard_streams_open()
+
+from grader import settings, warm  # noqa: E402
+from grader.sandbox import forkserver  # noqa: E402
 
 if sys.argv[1:2] in (["check"], ["grade"]) and settings.START.get() != "spawn":
     # The command runs in a session of the warm fork server, which has imported torch and
@@ -16,8 +35,10 @@ if sys.argv[1:2] in (["check"], ["grade"]) and settings.START.get() != "spawn":
     # process does the same, on another core.
     forkserver.start()
 
+from grader.base.printed import ReaderGone  # noqa: E402
 from grader.cli import main  # noqa: E402
 
+sys.stdout = ReaderGone(sys.stdout)
 code = main()
 forkserver.stop()
 sys.stdout.flush()

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grader import settings
+from grader.base.printed import ReaderGone
 from grader.sandbox.fence import (
     Fence,
 )
@@ -130,8 +131,8 @@ def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:
             stream = open(number, "r" if number == 0 else "w", closefd=False)  # noqa: SIM115
             if number and os.isatty(number):
                 stream.reconfigure(line_buffering=True)
-            setattr(sys, name, stream)
             setattr(sys, f"__{name}__", stream)
+            setattr(sys, name, ReaderGone(stream) if number == 1 else stream)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

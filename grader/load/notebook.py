@@ -44,6 +44,7 @@ from dplab.notebook import (
 from dplab.notebook import (
     strip_magics as strip_magics,
 )
+from grader.base.printed import captured
 from grader.limits import TimeLimit, time_limit
 
 # What a notebook imports only to draw: where not yet imported, it loads when first used
@@ -207,8 +208,7 @@ def _run_statement(
     printed = io.StringIO()
     try:
         with (
-            contextlib.redirect_stdout(printed),
-            contextlib.redirect_stderr(printed),
+            captured(printed),
             time_limit(seconds),
         ):
             exec(code, loaded.namespace)

@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterable
 
 from grader.api import Case, Check, Context, Raised, Student
+from grader.base.printed import captured
 from grader.base.values import pack
 from grader.limits import TimeLimit, processor_seconds, time_limit
 
@@ -53,8 +54,7 @@ def run_case(
     case_ctx = ctx.for_case(case.name)
     try:
         with (
-            contextlib.redirect_stdout(printed),
-            contextlib.redirect_stderr(printed),
+            captured(printed),
             warnings.catch_warnings(),
             holding(case, student, held),
             time_limit(limit),
