@@ -1,5 +1,6 @@
 """`make lab`'s start command serves the exercises in a real JupyterLab."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -74,6 +75,11 @@ class Lab:
         return self.proc.returncode, out
 
 
+def errors_in(log: str) -> list[str]:
+    """Return the lines that JupyterLab logged as errors (`[E 2025-... ServerApp] ...`)."""
+    return [line for line in log.splitlines() if line.startswith("[E ")]
+
+
 @pytest.fixture
 def lab(tmp_path):
     running = Lab(tmp_path / "work", free_port())
@@ -104,10 +110,24 @@ def test_lab_serves_the_exercise_notebooks(lab):
 
 @pytest.mark.slow
 def test_lab_prints_the_url_and_shuts_down_cleanly(lab):
+    assert get(f"{lab.base}/lab?token={TOKEN}")[0] == 200  # the page a student opens
     code, out = lab.stop()
     assert code == 0
     assert f"open http://127.0.0.1:{lab.port}/lab?token={TOKEN}" in out
     assert f"your work is saved in {lab.work}" in out
+    assert errors_in(out) == [], out
+
+
+@pytest.mark.slow
+def test_the_students_lab_leaves_nbgrader_out(lab):
+    """nbgrader's extensions, where installed, are the instructor's: the lab turns them off."""
+    status, page = get(f"{lab.base}/lab?token={TOKEN}")
+    assert status == 200
+    assert get(f"{lab.base}/formgrader?token={TOKEN}")[0] == 404
+    code, out = lab.stop()
+    assert "nbgrader" not in out
+    if importlib.util.find_spec("nbgrader") is not None:
+        assert b'"disabledExtensions": ["@jupyter/nbgrader"' in page
 
 
 @pytest.mark.slow
@@ -136,10 +156,12 @@ def test_make_lab_serves_the_exercises(tmp_path):
         status, body = get(f"{lab.base}/api/contents/{load_manifest().assignment}?token={TOKEN}")
         assert status == 200
         assert len(json.loads(body)["content"]) == len(load_manifest().notebooks)
+        assert get(f"{lab.base}/lab?token={TOKEN}")[0] == 200
     finally:
         code, out = lab.stop()
     assert code == 0, out
     assert f"open http://127.0.0.1:{port}/lab?token={TOKEN}" in out
+    assert errors_in(out) == [], out
 
 
 def test_start_command_refuses_a_missing_exercises_folder(tmp_path):
