@@ -18,7 +18,10 @@ How to add a check
    `recording_calls`; its check walks the ranks with `every_rank`.
 2. Write a *check*: a function of (seen, ctx) that returns when the property holds and
    raises `Fail` (through `expect`, `expect_equal`, `expect_close`) when it does not. It
-   runs in the grader's own process. Give it points and a hint that names the mistake.
+   runs in the grader's own process. Give it points and a hint that says what the property
+   needs: it is shown with any failure the check finds. A hint that names one mistake (a
+   rebinding, a dtype changed) goes with the failure that saw its evidence, as
+   `Fail(message, hint)`; where every call raised, only a hint about the error is shown.
 3. Run `python -m grader sync` (the check cell's points become the exercise's: the sum of
    its checks') and `make exercises`.
 

@@ -52,6 +52,30 @@ def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
     assert result.score < result.max_score
 
 
+NEVER = [p for p in CATALOGUE if p.values[2].hints_never]
+
+
+@pytest.mark.parametrize(("exercise", "name", "mistake"), NEVER)
+def test_no_hint_names_a_mistake_that_was_not_made(exercise, name, mistake):
+    """Graded on every check of its exercise, no failed check hints at a mistake the code
+    does not make (a hint is tied to what the check saw, not to the check)."""
+    result = grade_source(exercise, mistake.source)
+    for c in result.checks:
+        for words in mistake.hints_never:
+            assert c.passed or words not in c.hint, f"{name}: {c.name} hinted {c.hint!r}"
+
+
+def test_a_check_that_saw_no_finished_call_says_so():
+    """Every call raised: the check has judged nothing, and says why it fails."""
+    exercise = load_manifest().exercise("allreduce")
+    mistake = mistakes_of(exercise)["calls_the_device_attribute"]
+    result = grade_source(exercise, mistake.source)
+    verdict = next(c for c in result.checks if c.name == mistake.fails)
+    assert verdict.message.startswith(
+        "could not judge this: every call of `allreduce` raised; the first: TypeError"
+    ), verdict.message
+
+
 def template_of(module) -> str | None:
     """Return a catalogue's template: the book's code (BOOK), or a right version (TEMPLATE)."""
     return getattr(module, "BOOK", None) or getattr(module, "TEMPLATE", None)

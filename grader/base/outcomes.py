@@ -126,11 +126,14 @@ class Raised:
 
 
 class Crash(Exception):
-    """Raised by a check that needs a call of the student's code that raised instead."""
+    """Raised by a check that needs a call of the student's code that raised instead;
+    `every_call` when no call that the check could judge finished (the first error is
+    `raised`)."""
 
-    def __init__(self, raised: Raised) -> None:
+    def __init__(self, raised: Raised, every_call: bool = False) -> None:
         super().__init__(raised.message)
         self.raised = raised
+        self.every_call = every_call
 
 
 def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:

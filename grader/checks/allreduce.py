@@ -6,21 +6,32 @@ from grader.api import (
     Crash,
     Fail,
     SeenTensor,
+    as_tensor,
     attempt,
     case,
     check,
+    close,
     cycle,
     error_hints,
     expect,
     expect_close,
     expect_equal,
     raised_in,
+    short,
 )
 
 REBIND_HINT = (
     "`data[i] = ...` only makes the list point at a new tensor; the tensor the caller holds "
     "(a gradient, say) keeps its old values. Write into it instead: data[i][:] = ... "
     "or data[i].copy_(...)."
+)
+COPY_BACK_HINT = (
+    "After adding every tensor into data[0], copy the total back into each of the others, "
+    "moved to its device: data[i][:] = data[0].to(data[i].device)."
+)
+DTYPE_HINT = (
+    "Keep each tensor's dtype: add with += (or torch.add) into the tensors themselves; "
+    "do not go through Python floats or float32."
 )
 
 
@@ -40,7 +51,7 @@ def finished(outcomes: list[dict]) -> list[int]:
     costs the checks about that size (every_tensor_holds_the_sum), not this one."""
     done = [i for i, o in enumerate(outcomes) if raised_in(o) is None]
     if not done:
-        raise Crash(raised_in(outcomes[0]))
+        raise Crash(raised_in(outcomes[0]), every_call=True)
     return done
 
 
@@ -74,16 +85,75 @@ def rebound(seen: dict) -> bool:
 
 
 def expect_sums(
-    tensors: list, parts: list[torch.Tensor], what: str, hint: str | None = None
+    tensors: list, parts: list[torch.Tensor], what: str, see: str | None = None
 ) -> None:
-    """Fail unless each of `tensors` holds the sum of `parts`, exactly for integers."""
+    """Fail unless each of `tensors` holds the sum of `parts`, exactly for integers; the hint
+    names a mistake only where the values show it: a tensor the total never reached (`see`:
+    the check that owns that cause), a dtype changed, integers summed through floats."""
     total = torch.stack(parts).sum(dim=0, dtype=parts[0].dtype)
     for i, t in enumerate(tensors):
         label = f"{what}: tensor {i} of {len(tensors)}"
-        if total.is_floating_point():
-            expect_close(t, total, label, hint, rtol=1e-5, atol=1e-5)
-        else:
-            expect_equal(t, total, label, hint)
+        value = as_tensor(t, label)
+        right = value.dtype == total.dtype and (
+            close(value, total, 1e-5, 1e-5)
+            if total.is_floating_point()
+            else torch.equal(value, total)
+        )
+        if value.shape == total.shape and not right:
+            if len(parts) > 1 and value.dtype == parts[i].dtype and torch.equal(value, parts[i]):
+                raise Fail(
+                    f"{label}: still holds its own values {short(value)}; the total never "
+                    "reached it",
+                    COPY_BACK_HINT,
+                    see,
+                )
+            if value.dtype != total.dtype:
+                raise Fail(
+                    f"{label}: came back as {value.dtype}, expected {total.dtype}", DTYPE_HINT
+                )
+            if through_floats(value, parts):
+                raise Fail(
+                    f"{label}: came back {short(value)}, expected {short(total)}: off by "
+                    "float32's rounding",
+                    DTYPE_HINT,
+                )
+            some = summed_from(value, parts)
+            if some:
+                which = ", ".join(str(j) for j in some)
+                raise Fail(
+                    f"{label}: holds the sum of tensors {which} only, of {len(parts)}",
+                    "Loop over all of data: the sum must include every tensor.",
+                    see,
+                )
+        try:
+            if total.is_floating_point():
+                expect_close(value, total, label, rtol=1e-5, atol=1e-5)
+            else:
+                expect_equal(value, total, label)
+        except Fail as fail:  # nothing names its cause: the check's own hint
+            raise Fail(fail.message, fail.hint, see) from None
+
+
+def summed_from(value: torch.Tensor, parts: list[torch.Tensor]) -> list[int]:
+    """Return the indices of the parts whose sum `value` is, where it is the sum of some of
+    them but not all (the lists have at most eight); else []."""
+    k = len(parts)
+    for mask in range(1, 2**k - 1):
+        chosen = [j for j in range(k) if mask >> j & 1]
+        some = torch.stack([parts[j] for j in chosen]).sum(dim=0, dtype=parts[0].dtype)
+        if close(value, some, 1e-5, 1e-5):
+            return chosen
+    return []
+
+
+def through_floats(value: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    """Return True for integers off their sum by no more than float32's rounding (a sum
+    computed in floats and turned back into integers)."""
+    if value.is_floating_point():
+        return False
+    exact = torch.stack(parts).sum(dim=0).to(torch.float64)
+    got = value.to(torch.float64)
+    return not torch.equal(got, exact) and torch.allclose(got, exact, rtol=1e-6, atol=1.0)
 
 
 @case
@@ -131,25 +201,31 @@ def book_demo_gives_threes_on_both_devices(seen, ctx):
 )
 def every_tensor_holds_the_sum(seen, ctx):
     """For 1 to 8 tensors, each one given ends holding the sum of all of them."""
-    all_finished(seen)
     for ts, outcome in zip(float_lists(ctx.seed), seen, strict=True):
-        expect_sums(outcome["listed"], ts, f"with {len(ts)} tensors")
+        if raised_in(outcome) is None:  # what came back shows more than the error does
+            expect_sums(outcome["listed"], ts, f"with {len(ts)} tensors")
+    all_finished(seen)
 
 
 @check(
     other_dtypes_and_shapes,
     points=1,
-    hint="Keep each tensor's dtype: add with += (or torch.add) into the tensors themselves; "
-    "do not go through Python floats or float32.",
+    hint="Each tensor must end holding the sum in its own dtype, exactly for integers.",
 )
 def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     """float64, int64 (up to 2**40) and int32 tensors keep their dtype; integers sum exactly."""
     all_finished(seen)
     for ts, outcome in zip(mixed_lists(ctx.seed), seen, strict=True):
-        expect_sums(outcome["listed"], ts, f"{ts[0].dtype} tensors of shape {tuple(ts[0].shape)}")
+        what = f"{ts[0].dtype} tensors of shape {tuple(ts[0].shape)}"
+        expect_sums(outcome["listed"], ts, what, see="every_tensor_holds_the_sum")
 
 
-@check(one_to_eight_tensors, points=2, hint=REBIND_HINT)
+@check(
+    one_to_eight_tensors,
+    points=2,
+    hint="The tensors passed in (the caller's gradients, say) must hold the sum themselves: "
+    "write into them, with data[i][:] = ... or data[i].copy_(...).",
+)
 def writes_into_the_tensors_it_was_given(seen, ctx):
     """The tensor objects passed in (the caller's gradients, say) hold the sum afterwards."""
     lists = float_lists(ctx.seed)
@@ -157,7 +233,7 @@ def writes_into_the_tensors_it_was_given(seen, ctx):
     # was judged, and the check fails with the error.
     done = [i for i in finished(seen) if len(lists[i]) > 1]
     if not done:
-        raise Crash(next(r for o in seen[1:] if (r := raised_in(o)) is not None))
+        raise Crash(next(r for o in seen[1:] if (r := raised_in(o)) is not None), every_call=True)
     for i, (ts, outcome) in enumerate(zip(lists, seen, strict=True)):
         if i not in done:
             continue
@@ -165,9 +241,11 @@ def writes_into_the_tensors_it_was_given(seen, ctx):
         if rebound(outcome):
             raise Fail(
                 f"with {k} tensors, allreduce put new tensors into the list; the tensors it was "
-                "given were not all updated"
+                "given were not all updated",
+                REBIND_HINT,
             )
-        expect_sums(outcome["given"], ts, f"with {k} tensors, the tensors given")
+        what = f"with {k} tensors, the tensors given"
+        expect_sums(outcome["given"], ts, what, see="every_tensor_holds_the_sum")
 
 
 @check(

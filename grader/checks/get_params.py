@@ -125,7 +125,7 @@ def copies_are_on_the_device(seen, ctx):
 @check(
     book_demo,
     points=1,
-    hint="Call .requires_grad_() on each copy (note the s: require_grad_ does not exist).",
+    hint="Call .requires_grad_() on each copy.",
     after="returns_one_copy_per_parameter",
 )
 def copies_are_leaves_that_require_grad(seen, ctx):

@@ -27,6 +27,7 @@ from grader.api import (
     in_every_size,
     in_rank,
     recording_calls,
+    short,
 )
 
 # Collectives that move data: a ring that calls one did not do the summing itself.
@@ -41,6 +42,10 @@ IN_PLACE_HINT = (
     "The tensor passed in came back unchanged: the sum went into a copy. Work on "
     "tensor.view(-1), a view that shares the tensor's memory (or copy the result back with "
     "tensor.copy_(...))."
+)
+DTYPE_HINT = (
+    "Keep the tensor's dtype: add received chunks into it with += (receive into a buffer of "
+    "the same dtype); never go through float32."
 )
 STOPPED_HINT = (
     "Only the reduce-scatter ran: after it, each rank holds the full sum of one chunk only. "
@@ -170,8 +175,9 @@ def left_alone(given: torch.Tensor, original: torch.Tensor) -> bool:
     return given.shape == original.shape and torch.equal(given, original)
 
 
-def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
-    """Fail unless every rank's tensor holds what all_reduce gave, summed by the ring."""
+def expect_sums(seen: list[dict], ctx, kind: str, what: str, see: str | None = None) -> None:
+    """Fail unless every rank's tensor holds what all_reduce gave, summed by the ring; a
+    wrong sum with no evidence of a dtype's mistake is `see`'s to charge, where given."""
     for n, rank, i, record in ring_records(seen):
         label = f"with {n} processes, rank {rank}'s tensor {i + 1} ({what})"
         collective = summed_by_a_collective(record)
@@ -185,14 +191,34 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
         value = given.value if isinstance(given, SeenTensor) else given
         hint = None
         if isinstance(value, torch.Tensor) and value.shape == expected.shape:
+            if value.dtype != expected.dtype:
+                raise Fail(
+                    f"{label} came back as {value.dtype}, expected {expected.dtype}", DTYPE_HINT
+                )
+            if rounded_by_floats(value, expected):
+                raise Fail(
+                    f"{label} came back {short(value)}, expected {short(expected)}: off by "
+                    "float32's rounding",
+                    DTYPE_HINT,
+                )
             if left_alone(value, tensors_for(ctx.seed, rank, kind, n)[i]):
                 hint = IN_PLACE_HINT
             elif expected.is_floating_point() and stopped_after_reduce_scatter(value, expected, n):
                 hint = STOPPED_HINT
-        if expected.is_floating_point():
-            expect_close(given, expected, label, hint, rtol=1e-5, atol=1e-5)
-        else:
-            expect_equal(given, expected, label, hint)
+        try:
+            if expected.is_floating_point():
+                expect_close(given, expected, label, hint, rtol=1e-5, atol=1e-5)
+            else:
+                expect_equal(given, expected, label, hint)
+        except Fail as fail:
+            raise Fail(fail.message, fail.hint, see) from None
+
+
+def rounded_by_floats(value: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Return True for integers off the exact sum by no more than float32's rounding."""
+    if expected.is_floating_point() or torch.equal(value, expected):
+        return False
+    return torch.allclose(value.double(), expected.double(), rtol=1e-6, atol=1.0)
 
 
 @check(
@@ -227,12 +253,11 @@ def sums_tensors_of_any_length(seen, ctx):
 @check(
     integers_and_float64,
     points=1,
-    hint="Keep the tensor's dtype: add received chunks into it with += (receive into a buffer "
-    "of the same dtype); never go through float32.",
+    hint="Each rank's tensor must end holding the sum in its own dtype, exactly for integers.",
 )
 def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     """int64 (up to 2**40) and int32 tensors sum exactly, float64 ones closely, dtypes kept."""
-    expect_sums(seen, ctx, "dtypes", "int64, int32 and float64")
+    expect_sums(seen, ctx, "dtypes", "int64, int32 and float64", see="every_rank_holds_the_sum")
 
 
 @check(

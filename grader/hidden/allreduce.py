@@ -37,7 +37,11 @@ random_lists_of_tensors = given_lists.using(
 )
 
 
-@check(random_lists_of_tensors, points=2, hint=REBIND_HINT)
+@check(
+    random_lists_of_tensors,
+    points=2,
+    hint="Every tensor given must end holding the sum of all of them, in its own dtype.",
+)
 def matches_the_reference_on_random_lists(seen, ctx):
     """On random lists, the tensors given hold what the reference allreduce gives."""
     all_finished(seen)

@@ -51,6 +51,14 @@ def common_hint(raised: Raised, function: str) -> str | None:
     return None
 
 
+def crash_hint(function: str) -> str:
+    """Return the hint for an error no check knows: what to do to see it and fix it."""
+    return (
+        f"Fix the error first: call `{function}` in the notebook (the book's example) to see "
+        "it; this check judges the calls that finish."
+    )
+
+
 def error_message(raised: Raised, function: str) -> str:
     """Describe an exception from the student's code in one line."""
     if raised.stub:
@@ -109,9 +117,16 @@ def judge_check(
         )
         return Verdict(result, crash)
 
-    def crashed(raised: Raised) -> Verdict:
-        hint = common_hint(raised, function) or diagnose(raised)
-        return failed(error_message(raised, function), hint, raised)
+    def crashed(raised: Raised, every_call: bool = False) -> Verdict:
+        # The check's own hint is about what the calls that finish do: with no evidence of
+        # that, only a hint about the error itself is shown.
+        hint = common_hint(raised, function) or diagnose(raised) or crash_hint(function)
+        message = error_message(raised, function)
+        if every_call:
+            message = f"could not judge this: every call of `{function}` raised; the first: " + (
+                message.removeprefix(f"calling `{function}` raised ")
+            )
+        return failed(message, hint, raised)
 
     if outcome is None:
         verdict = failed(missing or "this check's case did not run", None)
@@ -132,7 +147,7 @@ def judge_check(
     try:
         check.judge(seen, ctx.for_case(check.case.name))
     except Crash as crash:  # the check needed a call that raised
-        return crashed(crash.raised)
+        return crashed(crash.raised, crash.every_call)
     except Fail as fail:
         crash = raised_in(seen)
         if crash is None:

@@ -1,8 +1,9 @@
 """The catalogue of known wrong implementations, one module per exercise.
 
-Each `Mistake` is the source of a wrong function, the check it must fail and words its hint
-must contain. Many come from real students' notes. `tests/test_mistakes.py` grades every
-entry and holds the checks to it; `python -m grader mistakes` prints the catalogue.
+Each `Mistake` is the source of a wrong function, the check it must fail, words its hint
+must contain, and words no hint of its exercise may show (hints of mistakes it did not
+make). Many come from real students' notes. `tests/test_mistakes.py` grades every entry and
+holds the checks to it; `python -m grader mistakes` prints the catalogue.
 """
 
 import importlib
@@ -19,6 +20,7 @@ class Mistake:
     fails: str  # the check that must fail
     hint_mentions: str  # words the hint of that check must contain
     seen_in: str = ""  # where the mistake was seen
+    hints_never: tuple[str, ...] = ()  # words no failed check of the exercise may hint
 
 
 def variant(template: str, right: dict[str, str], **changes: str) -> str:

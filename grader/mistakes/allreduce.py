@@ -50,6 +50,35 @@ def allreduce(data):
     seen_in="code that ran on one device (or on the CPU repeated), and fails on two GPUs",
 )
 
+NOT_MADE = ("Python floats", "`data[i] = ...`")  # hints of other mistakes
+
+never_copies_the_sum_back = Mistake(
+    source="""
+def allreduce(data):
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(data[0].device)
+""",
+    fails="every_tensor_holds_the_sum",
+    hint_mentions="copy the total back",
+    hints_never=NOT_MADE,
+    seen_in="a lab trial: the first half of the book's loop only",
+)
+
+calls_the_device_attribute = Mistake(
+    source="""
+def allreduce(data):
+    device = data[0].device()
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(device)
+    for i in range(1, len(data)):
+        data[i][:] = data[0].to(data[i].device)
+""",
+    fails="writes_into_the_tensors_it_was_given",
+    hint_mentions="Fix the error first",
+    hints_never=NOT_MADE,
+    seen_in="every call raises TypeError: no check has anything to judge",
+)
+
 crashes_on_every_list_of_two = Mistake(
     source="""
 def allreduce(data):
@@ -60,5 +89,6 @@ def allreduce(data):
 """,
     fails="writes_into_the_tensors_it_was_given",
     hint_mentions="Move each tensor to data[0]'s device",
+    hints_never=NOT_MADE,
     seen_in="a lab trial: only the list of one tensor finished, and had earned this check",
 )
