@@ -6,7 +6,7 @@ from pathlib import Path
 
 from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
-from grader.judge.registry import HiddenChecksUnavailable, exercise_points
+from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Exercise, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
@@ -206,7 +206,9 @@ def run_check(args: argparse.Namespace) -> int:
     if args.exercise:  # the notes about other exercises' cells are not this student's question
         chosen = [manifest.exercise(e) for e in args.exercise]
         result.notes = [note for note in result.notes if about(note, chosen)]
-    print(render_submission(result, {ex.id: ex.title for ex in manifest.exercises}))
+    titles = {ex.id: ex.title for ex in manifest.exercises}
+    totals = {ex.id: exercise_total(ex) for ex in manifest.exercises}
+    print(render_submission(result, titles, totals))
     everything = all(c.passed for e in result.exercises for c in e.checks)
     return 0 if everything else 1
 

@@ -14,7 +14,7 @@ from grader import settings
 from grader.api import Context, Student
 from grader.devices import grading_devices
 from grader.grading import DEVICES
-from grader.judge.registry import diagnoser, hidden_checks, public_checks
+from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
@@ -58,18 +58,20 @@ class Points(float):
     the plain text of its result ("6.0"); JupyterLab shows the richer line below instead of a
     bare number under the report."""
 
-    def __new__(cls, earned: float, out_of: float, hidden: bool) -> "Points":
+    def __new__(cls, earned: float, checked: float, total: float, hidden: bool) -> "Points":
         points = super().__new__(cls, earned)
-        points.out_of, points.hidden = out_of, hidden
+        points.checked, points.total, points.hidden = checked, total, hidden
         return points
 
     def _repr_markdown_(self) -> str:
-        line = f"**{float(self):g} of {self.out_of:g} points**"
+        line = f"**{float(self):g} of {self.total:g} points**"
         if self.hidden:
             return line + " (public and hidden checks)"
+        if self.total <= self.checked:
+            return line
         return (
-            line + " from the public checks. Hidden checks, run when your work is graded, "
-            "hold the rest of the exercise's points."
+            f"{line} so far: the public checks hold {self.checked:g} of them. Hidden checks, "
+            f"run when your work is graded, hold the other {self.total - self.checked:g}."
         )
 
 
@@ -95,7 +97,8 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
             results = _run(ex, namespace, False)
             _public[ex.id] = (current, results)
     result = exercise_result(ex.id, results)
-    print(render_exercise(result, ex.title))
+    total = result.max_score if hidden else exercise_total(ex)
+    print(render_exercise(result, ex.title, total))
     if stray.getvalue().strip():
         print("(printed to stderr while checking:)\n" + stray.getvalue().strip()[-2000:])
-    return Points(result.score, result.max_score, hidden)
+    return Points(result.score, result.max_score, total, hidden)

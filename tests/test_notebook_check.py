@@ -44,10 +44,24 @@ def test_a_check_cell_shows_its_points_in_words_and_nbgrader_reads_the_number():
     public, _, _ = run_check("split_batch", ns["split_batch"])
     assert repr(public) == "6.0" and float(public) == 6.0
     shown = public._repr_markdown_()
-    assert shown.startswith("**6 of 6 points** from the public checks")
-    assert "Hidden checks" in shown
+    assert shown == (
+        "**6 of 8 points** so far: the public checks hold 6 of them. Hidden checks, run when "
+        "your work is graded, hold the other 2."
+    )
     total, _, _ = run_check("split_batch", ns["split_batch"], hidden=True)
     assert total._repr_markdown_() == "**8 of 8 points** (public and hidden checks)"
+
+
+def test_a_students_copy_shows_the_exercises_whole_total(monkeypatch):
+    """Where the hidden checks are not installed (the students' image), the total comes from
+    the released notebook's check cell, so the student sees the same 8 as the instructor."""
+    import grader.judge.registry as registry
+
+    monkeypatch.setattr(registry, "hidden_available", lambda exercise: False)
+    ns = fresh_solution("from_scratch.ipynb")
+    public, out, _ = run_check("split_batch", ns["split_batch"])
+    assert "6 of 6 public checks passed, 6/8 points (the public checks hold 6; hidden" in out
+    assert public._repr_markdown_().startswith("**6 of 8 points** so far")
 
 
 def test_outside_a_notebook_the_function_must_be_given():

@@ -5,7 +5,8 @@ import importlib
 from types import ModuleType
 
 from grader.api import Check, ErrorHints, Raised
-from grader.manifest import Exercise
+from grader.load.notebook import cells_by_grade_id
+from grader.manifest import Exercise, exercises_dir
 
 
 class HiddenChecksUnavailable(RuntimeError):
@@ -60,6 +61,19 @@ def exercise_points(exercise: Exercise) -> float:
     """Return an exercise's total: the points of its checks, with the hidden ones where they are
     at hand (the instructor's side). The manifest keeps no points of its own."""
     return sum(c.points for c in exercise_checks(exercise, hidden_available(exercise)))
+
+
+def exercise_total(exercise: Exercise) -> float:
+    """Return what an exercise is worth in all, here too where only its public checks are
+    installed (a student's copy): there, the points of its released check cell, which
+    `python -m grader sync` wrote from every check."""
+    if hidden_available(exercise):
+        return exercise_points(exercise)
+    try:
+        cell = cells_by_grade_id(exercises_dir() / exercise.notebook)[f"{exercise.id}-checks"]
+        return float(cell["metadata"]["nbgrader"]["points"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return exercise_points(exercise)
 
 
 def assignment_points() -> float:

@@ -44,13 +44,26 @@ def _points(x: float) -> str:
     return f"{x:g}"
 
 
-def render_exercise(result: ExerciseResult, title: str = "") -> str:
-    """Return the exercise's verdicts as text for a terminal or a notebook."""
+def out_of(score: float, checked: float, total: float | None) -> str:
+    """Say the points earned out of the total; where hidden checks (not run here) hold part
+    of it, say so, and what the checks run here hold."""
+    if total is None or total <= checked:
+        return f"{_points(score)}/{_points(checked)} points"
+    return (
+        f"{_points(score)}/{_points(total)} points (the public checks hold {_points(checked)}; "
+        f"hidden checks, run when your work is graded, the other {_points(total - checked)})"
+    )
+
+
+def render_exercise(result: ExerciseResult, title: str = "", total: float | None = None) -> str:
+    """Return the exercise's verdicts as text for a terminal or a notebook; `total`: what the
+    exercise is worth in all, where hidden checks were not run."""
     passed = sum(c.passed for c in result.checks)
     heading = f"{result.name}" + (f" ({title})" if title else "")
+    public = " public" if total is not None and total > result.max_score else ""
     lines = [
-        f"{heading}: {passed} of {len(result.checks)} checks passed, "
-        f"{_points(result.score)}/{_points(result.max_score)} points"
+        f"{heading}: {passed} of {len(result.checks)}{public} checks passed, "
+        + out_of(result.score, result.max_score, total)
     ]
     lines += [f"  ! {note}" for note in result.notes]
     width = max((len(c.name) for c in result.checks), default=0)
@@ -75,11 +88,24 @@ def render_exercise(result: ExerciseResult, title: str = "") -> str:
     return "\n".join(lines)
 
 
-def render_submission(result: SubmissionResult, titles: dict[str, str] | None = None) -> str:
-    """Return a whole submission's verdicts as text."""
-    titles = titles or {}
+def render_submission(
+    result: SubmissionResult,
+    titles: dict[str, str] | None = None,
+    totals: dict[str, float] | None = None,
+) -> str:
+    """Return a whole submission's verdicts as text; `totals`: what each exercise is worth
+    in all, where hidden checks were not run."""
+    titles, totals = titles or {}, totals or {}
+    whole = sum(totals.get(e.name, e.max_score) for e in result.exercises) if totals else None
     parts = [f"{result.id}: {_points(result.score)}/{_points(result.max_score)} points"]
-    parts += [render_exercise(e, titles.get(e.name, "")) for e in result.exercises]
+    if whole is not None and whole > result.max_score:
+        parts[0] = (
+            f"{result.id}: {_points(result.score)}/{_points(whole)} points (hidden checks hold "
+            f"{_points(whole - result.max_score)} of them)"
+        )
+    parts += [
+        render_exercise(e, titles.get(e.name, ""), totals.get(e.name)) for e in result.exercises
+    ]
     if result.notes:
         shown = result.notes[:MAX_NOTES]
         more = len(result.notes) - len(shown)
