@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -128,6 +129,37 @@ def test_the_students_lab_leaves_nbgrader_out(lab):
     assert "nbgrader" not in out
     if importlib.util.find_spec("nbgrader") is not None:
         assert b'"disabledExtensions": ["@jupyter/nbgrader"' in page
+
+
+def folders_of_children(pid: int) -> list[Path]:
+    """Return the working folder of each child process of `pid` (from /proc)."""
+    folders = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid:
+                folders.append((stat.parent / "cwd").resolve())
+        except (OSError, IndexError, ValueError):
+            pass  # it ended meanwhile
+    return folders
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="reads /proc (Linux)")
+def test_a_terminal_opens_in_the_work_folder(lab):
+    """A Terminal opened from the top of JupyterLab's file browser names no folder, so it
+    starts where the server runs: the work folder, where the README's shell commands run."""
+    request = urllib.request.Request(f"{lab.base}/api/terminals?token={TOKEN}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        name = json.loads(response.read())["name"]
+    try:
+        deadline = time.monotonic() + 10
+        while lab.work.resolve() not in folders_of_children(lab.proc.pid):
+            assert time.monotonic() < deadline, folders_of_children(lab.proc.pid)
+            time.sleep(0.2)
+    finally:
+        delete = f"{lab.base}/api/terminals/{name}?token={TOKEN}"
+        urllib.request.urlopen(urllib.request.Request(delete, method="DELETE"), timeout=10)
 
 
 @pytest.mark.slow
