@@ -12,6 +12,7 @@ Student code runs only in the children; this process sends them the cases and th
 reads back plain data, and decides every verdict.
 """
 
+import dataclasses
 import hashlib
 import os
 import threading
@@ -22,9 +23,9 @@ from pathlib import Path
 from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.results import SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference
-from grader.judge.verdicts import judge_reported
+from grader.judge.verdicts import judge_reported, not_checked
 from grader.load.reference import available, reference
-from grader.load.submission import Submission, find_submission
+from grader.load.submission import Submission, find_submission, unfit_by_notebook
 from grader.manifest import load_manifest
 from grader.sandbox.collected import Limits, Phases
 from grader.sandbox.starting import stop_all_children
@@ -105,14 +106,24 @@ def grade_submission(
         ex.id: narrowed(exercise_checks(ex, include_hidden=hidden), only_checks)
         for ex in sub.exercises
     }
-    prefetch(sub, references=hidden)  # what the judging needs, while the children run
+    # A file that is not a notebook, or not the lab's, is said once per exercise, not
+    # repeated by each of its checks, and its exercises run nothing.
+    unfit = unfit_by_notebook(sub, load_manifest())
+    problems = {ex.id: unfit[sub.notebooks[ex.notebook]] for ex in sub.exercises if
+                sub.notebooks.get(ex.notebook) in unfit}  # fmt: skip
+    fit = dataclasses.replace(sub, exercises=[e for e in sub.exercises if e.id not in problems])
+    prefetch(fit, references=hidden)  # what the judging needs, while the children run
     at_once = side_by_side or notebooks_at_once()
-    collected = run_isolated(sub, checks, sub_seed, limits, threads, phases, at_once)
+    fit_checks = {ex.id: checks[ex.id] for ex in fit.exercises}
+    collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once)
     judging = time.monotonic()
     if hidden:  # the instructor's side, where the reference solutions are
-        time_against_the_reference(sub, checks, collected, sub_seed, limits, threads)
+        time_against_the_reference(fit, fit_checks, collected, sub_seed, limits, threads)
     results = [
-        judge_reported(ex, checks[ex.id], sub, collected, sub_seed, hidden) for ex in sub.exercises
+        not_checked(ex.id, checks[ex.id], problems[ex.id])
+        if ex.id in problems
+        else judge_reported(ex, checks[ex.id], fit, collected, sub_seed, hidden)
+        for ex in sub.exercises
     ]
     collected.phases.add("judging", time.monotonic() - judging)
     notes = list(sub.notes)

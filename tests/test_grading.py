@@ -7,6 +7,7 @@ import pytest
 
 from grader.judge.registry import exercise_checks, exercise_points, narrowed
 from grader.manifest import load_manifest
+from grader.report.results import read_json, render_exercise
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
 MANIFEST = load_manifest()
@@ -190,6 +191,16 @@ def test_a_notebook_that_cannot_be_checked_gets_one_clear_error(tmp_path, text, 
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("dplab:")]
     assert len(lines) == 1 and lines[0].startswith(f"error: {says}"), proc.stderr
     assert "/tmp" not in proc.stderr and "grade-" not in proc.stderr
+    # Grading a class, the student still gets a result: the reason once per exercise, and
+    # no line per check.
+    report = tmp_path / "r.json"
+    proc = grade("grade", str(tmp_path), "-e", "allreduce", "--json", str(report))
+    assert proc.returncode == 0, proc.stderr
+    (result,) = read_json(report)
+    (allreduce,) = result.exercises
+    assert allreduce.score == 0 and allreduce.notes[0].startswith(says)
+    shown = render_exercise(allreduce)
+    assert shown.count(says) == 1 and "✗" not in shown, shown
 
 
 def test_an_error_is_shown_once_per_exercise():

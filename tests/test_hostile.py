@@ -269,12 +269,9 @@ def score(sub, exercise):
 
 
 def messages(sub, exercise):
-    return " ".join(
-        c["message"] + " " + c["hint"]
-        for e in sub["exercises"]
-        if e["name"] == exercise
-        for c in e["checks"]
-    )
+    """Return the exercise's notes and its checks' messages and hints, as one text."""
+    (found,) = [e for e in sub["exercises"] if e["name"] == exercise]
+    return " ".join(found["notes"] + [c["message"] + " " + c["hint"] for c in found["checks"]])
 
 
 def scratch_score(sub):

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+NOT_RUN = "not run: its notebook cannot be checked (see the note above)"  # a check's message
+
 
 @dataclass
 class CheckResult:

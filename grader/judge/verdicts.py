@@ -7,7 +7,7 @@ from grader.api import Check, Context, Crash, Fail, Raised, raised_in
 from grader.base.values import unpack
 from grader.devices import grading_devices
 from grader.judge.registry import diagnoser
-from grader.judge.results import CheckResult, ExerciseResult, exercise_result
+from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference
 from grader.load.submission import Submission
 from grader.manifest import Exercise
@@ -225,6 +225,14 @@ def paid_once(judged: list[Verdict]) -> None:
             r = v.result
             r.passed, r.points, r.hint = True, r.max_points, ""
             r.message = f"kept its points: `{v.see}` charges for the same cause ({r.message})"
+
+
+def not_checked(exercise_id: str, checks: list[Check], problem: str) -> ExerciseResult:
+    """Return the result of an exercise whose notebook cannot be checked at all (not a
+    notebook, or not the lab's): every check failed without running, and one note that says
+    why and what to do."""
+    results = [CheckResult(c.name, False, 0.0, c.points, NOT_RUN, "", c.hidden) for c in checks]
+    return exercise_result(exercise_id, results, [problem])
 
 
 def judge_reported(

@@ -111,16 +111,23 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
 
 
 def unfit_notebooks(sub: Submission, manifest: Manifest) -> list[str]:
-    """Say what keeps each of the submission's files from being checked at all: a file that
-    is not a notebook, or a notebook that is not the lab's (none of the graded cells and none
-    of the functions of the notebooks it stands for). An empty list: every one can be checked."""
-    found = []
+    """Say what keeps each of the submission's files from being checked at all (see
+    `unfit_by_notebook`). An empty list: every one can be checked."""
+    return list(unfit_by_notebook(sub, manifest).values())
+
+
+def unfit_by_notebook(sub: Submission, manifest: Manifest) -> dict[Path, str]:
+    """Return, by file, what keeps each of the submission's files that cannot be checked at
+    all from being checked: a file that is not a notebook, or a notebook that is not the
+    lab's (none of the graded cells and none of the functions of the notebooks it stands
+    for)."""
+    found: dict[Path, str] = {}
     for path in dict.fromkeys(sub.notebooks.values()):
         names = [name for name, p in sub.notebooks.items() if p == path]
         try:
             cells = read_code_cells(path)
         except NotebookError as error:
-            found.append(str(error))
+            found[path] = str(error)
             continue
         functions = {ex.function for ex in sub.exercises if ex.notebook in names}
         ours = any(label.startswith(f"`{ex.id}-") for _, label in cells for ex in sub.exercises)
@@ -131,7 +138,7 @@ def unfit_notebooks(sub: Submission, manifest: Manifest) -> list[str]:
         else:
             what = f"one of the lab's notebooks ({', '.join(names)})"
             cells_of = functions_of = "their"
-        found.append(
+        found[path] = (
             f"{path.name} is not {what}: it has none of {cells_of} graded cells and defines "
             f"none of {functions_of} functions ({', '.join(sorted(functions))}); write your "
             "code in the lab's notebooks (in your work folder) and check those"

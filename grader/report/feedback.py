@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
+from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, SubmissionResult
 from grader.report.results import ALSO_FAILED, SECONDS, write_atomically
 
 # What Markdown would act on in a line of text, escaped only where it would: a backslash
@@ -128,6 +128,8 @@ def exercise_section(exercise: ExerciseResult, title: str = "") -> list[str]:
     ]
     if exercise.notes:
         lines += [line for note in exercise.notes for line in item(note, "")] + [""]
+    if exercise.checks and all(c.message == NOT_RUN for c in exercise.checks):
+        return lines  # the note says why none of its checks ran
     public = [c for c in exercise.checks if not c.hidden]
     hidden = [c for c in exercise.checks if c.hidden]
     if public:

@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from grader.judge.results import ExerciseResult, SubmissionResult
+from grader.judge.results import NOT_RUN, ExerciseResult, SubmissionResult
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -66,6 +66,8 @@ def render_exercise(result: ExerciseResult, title: str = "", total: float | None
         + out_of(result.score, result.max_score, total)
     ]
     lines += [f"  ! {note}" for note in result.notes]
+    if result.checks and all(c.message == NOT_RUN for c in result.checks):
+        return "\n".join(lines)  # the note says it all: nothing ran
     width = max((len(c.name) for c in result.checks), default=0)
     said: dict[str, str] = {}  # a failure's message (the error alone) -> the check that said it
     for c in result.checks:
