@@ -47,7 +47,10 @@ def test_check_passes_on_the_reference(tmp_path):
     exercises = ["split_batch", "get_params", "evaluate_accuracy_distributed"]
     proc = grade("check", str(SOLUTIONS), *[arg for ex in exercises for arg in ("-e", ex)])
     assert proc.returncode == 0, proc.stdout
-    assert "split_batch (Split a minibatch across devices): 6 of 6 public checks passed, 6/8" in proc.stdout
+    assert (
+        "split_batch (Split a minibatch across devices): 6 of 6 public checks passed, 6/8"
+        in proc.stdout
+    )
     assert "(Accuracy over every rank's shard): 5 of 5 public checks passed" in proc.stdout
 
 
@@ -161,7 +164,9 @@ def test_check_of_one_exercise_shows_no_notes_about_the_others():
     shows it, never by a number (issue 31)."""
     notebook = str(EXERCISES / "from_scratch.ipynb")
     one = grade("check", notebook, "-e", "allreduce")
-    assert "allreduce (Sum across devices, in place): 0 of 6 public checks passed, 0/11" in one.stdout
+    assert (
+        "allreduce (Sum across devices, in place): 0 of 6 public checks passed, 0/11" in one.stdout
+    )
     assert "While loading" not in one.stdout, one.stdout
     every = grade("check", notebook)
     notes = every.stdout.split("While loading the notebooks:")[1].splitlines()
