@@ -7,12 +7,14 @@ on four stand-in devices (or the real GPUs where there are two or more). The boo
 which use two devices, the check cells, the training on every device, and the scores in the
 kernel, the grader's report and the gradebook are all judged from that one run. The
 distributed notebook starts its process groups from the kernel, on gloo (or NCCL with a GPU
-per process). The released stubs run in a kernel of their own. How long the notebooks take
-is for `make bench-notebooks`, which prints it; no test asserts it.
+per process). The released stubs run in a kernel of their own, and so do the concise
+notebook's demos with the English edition's network (lazy layers) in place of the reference's.
+How long the notebooks take is for `make bench-notebooks`, which prints it; no test asserts it.
 """
 
 import csv
 import os
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -21,8 +23,8 @@ from nbclient import NotebookClient
 
 from grader.authoring import reference_answers
 from grader.judge.registry import assignment_points, exercise_points
-from grader.manifest import load_manifest
-from tests.conftest import EXERCISES, NOTEBOOK_DATA_LIMIT
+from grader.manifest import REPO, load_manifest
+from tests.conftest import EXERCISES, NOTEBOOK_DATA_LIMIT, SOLUTIONS, notebook_from_script
 from tests.nbgrader_course import (
     STAND_INS,
     Course,
@@ -34,12 +36,13 @@ from tests.nbgrader_course import (
 MANIFEST = load_manifest()
 
 
-def execute(path, tmp_path, allow_errors=False):
-    """Run a copy of the notebook in a fresh kernel; return it with its outputs."""
+def execute(path, tmp_path, allow_errors=False, data_limit=NOTEBOOK_DATA_LIMIT):
+    """Run a copy of the notebook in a fresh kernel, on the first `data_limit` ("TRAIN,TEST")
+    images of the sample; return it with its outputs."""
     nb = nbformat.read(path, as_version=4)
     env = {
         "DPLAB_DATA_SOURCE": "sample",
-        "DPLAB_DATA_LIMIT": NOTEBOOK_DATA_LIMIT,
+        "DPLAB_DATA_LIMIT": data_limit,
         "DPLAB_OFFLINE": "1",
         "DPLAB_FIGURE_DIR": str(tmp_path),
         "DPLAB_STAND_INS": "2",
@@ -177,6 +180,42 @@ def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
 @pytest.mark.slow
 def test_concise_runs_and_counts_the_books_parameters(concise):
     nb = concise
+    outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
+    assert "11,175,818 parameters" in outputs
+    assert "test acc: " in outputs
+
+
+def with_the_english_resnet18(folder: Path) -> nbformat.NotebookNode:
+    """Return the concise reference notebook without its check cells and with the English 1.0
+    edition's resnet18 (tests/outside/d2l_en_1_0) in its solution cell: built from
+    `d2l.Residual(num_channels, ...)`, whose convolutions are lazy."""
+    script = REPO / "tests" / "outside" / "d2l_en_1_0" / "concise.py"
+    outside = nbformat.read(notebook_from_script(script, folder / "en.ipynb"), as_version=4)
+    (english,) = [c.source for c in outside.cells if c.source.startswith("def resnet18(")]
+    nb = nbformat.read(SOLUTIONS / "concise.ipynb", as_version=4)
+    kept = []
+    for cell in nb.cells:
+        nbgrader = cell.metadata.get("nbgrader", {})
+        if nbgrader.get("grade"):
+            continue
+        if nbgrader.get("grade_id") == "resnet18-solution":
+            cell.source = english
+        kept.append(cell)
+    nb.cells = kept
+    return nb
+
+
+@pytest.mark.slow
+def test_concise_demos_run_with_the_english_editions_lazy_resnet18(tmp_path):
+    """The notebook accepts either edition's Residual, so its demos must run with either: a
+    lazy layer has no size until a first input, and counting its parameters before that
+    raises. With the 1.0 edition's network every demo cell runs, counts the book's
+    parameters and trains (on 64 images: what is judged is that nothing raises)."""
+    path = tmp_path / "concise.ipynb"
+    nbformat.write(with_the_english_resnet18(tmp_path), path)
+    nb = execute(path, tmp_path, allow_errors=True, data_limit="64,32")
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
     outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
     assert "11,175,818 parameters" in outputs
     assert "test acc: " in outputs
