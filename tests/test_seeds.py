@@ -70,7 +70,10 @@ TEACHER = {
     ("001", "split_batch"): "all",  # `y. devices`: it always raises; 0/8
     ("002", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},
     ("002", "train_loop"): {"returns_the_accuracy_history"},
-    ("003", "train_dataparallel"): {"puts_the_net_on_the_first_device_before_wrapping"},
+    ("003", "train_dataparallel"): {
+        "puts_the_net_on_the_first_device_before_wrapping",
+        "returns_the_accuracy_history",
+    },
     ("004", "get_params"): {
         "copies_are_independent_of_the_originals",
         "copies_trainable_parameters_independently",
@@ -78,7 +81,10 @@ TEACHER = {
     ("004", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},
     ("004", "train_loop"): {"returns_the_accuracy_history"},
     ("004", "resnet18"): {"stem_is_3x3_stride_1_without_max_pooling"},  # 7x7 and max-pool
-    ("004", "train_dataparallel"): {"puts_the_net_on_the_first_device_before_wrapping"},
+    ("004", "train_dataparallel"): {
+        "puts_the_net_on_the_first_device_before_wrapping",
+        "returns_the_accuracy_history",
+    },
 }
 
 GIVEN = re.compile(r"^\s+train_iter, test_iter = ")

@@ -3,7 +3,8 @@
 The checks pass a tiny network (one convolution, batch norm, a linear layer) instead of
 ResNet-18, so that a few steps take a fraction of a second on a CPU, and record what the
 student's code does with it: how it is wrapped, how it is initialised, which devices run
-each minibatch, when it runs in training or evaluation mode, and whether its loss falls.
+each minibatch, when it runs in training or evaluation mode, whether its loss falls, and what
+it returns (the test accuracies, as the from-scratch loop's are judged).
 
 Each check judges one thing with the rest held right. The network comes already on the
 first device, so that code which forgets `net.to(devices[0])` (as the book's does) loses
@@ -30,8 +31,10 @@ from grader.api import (
     error_hints,
     expect,
     quiet_animator,
+    returned,
     sample_images,
 )
+from grader.checks.train_loop import summary
 
 LR = 0.5
 EPOCHS = 10
@@ -133,6 +136,7 @@ def training_run(
         )
     return {
         "raised": call["raised"],
+        "returned": call["returned"],
         "devices": [str(d) for d in devices],
         "wraps": wraps,
         "log": log,
@@ -304,6 +308,29 @@ def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
         f"in {EPOCHS} epochs; evaluate after every epoch",
     )
     expect(not any(e[1] for e in test), "the test batch ran in training mode")
+
+
+@check(
+    ten_short_epochs,
+    points=1,
+    hint="Return the test accuracies, one per epoch (animator.Y[0] holds them).",
+    after="loss_falls_on_a_small_fixed_batch",
+)
+def returns_the_accuracy_history(seen, ctx):
+    """It returns a list of one test accuracy per epoch, ending with the printed one."""
+    history = returned(seen)
+    expect(
+        isinstance(history, list)
+        and len(history) == EPOCHS
+        and all(isinstance(a, int | float) and 0 <= a <= 1 for a in history),
+        f"train returned {history!r}, expected a list of {EPOCHS} accuracies",
+    )
+    found = summary(seen["printed"])
+    if found:
+        expect(
+            f"{history[-1]:.2f}" == found[0],
+            f"the last accuracy returned is {history[-1]:.2f} but {found[0]} was printed",
+        )
 
 
 @error_hints

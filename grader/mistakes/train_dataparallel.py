@@ -27,7 +27,7 @@ def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None)
         timer.stop()
         animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(net, test_iter),))
     print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
-    return animator.Y[0]
+    <<RETURN>>
 """
 RIGHT = {
     "INIT": "net.apply(init_weights)",
@@ -37,6 +37,7 @@ RIGHT = {
     "TRAIN_EACH": "net.train()",
     "ZERO": "trainer.zero_grad()",
     "FORWARD": "net(X)",
+    "RETURN": "return animator.Y[0]",
 }
 
 
@@ -77,4 +78,11 @@ net_not_on_the_first_device = Mistake(
     fails="puts_the_net_on_the_first_device_before_wrapping",
     hint_mentions="net.to(devices[0])",
     seen_in="the book's concise code, which leaves this step out",
+)
+
+returns_nothing = Mistake(
+    source=variant(BOOK, RIGHT, RETURN="pass"),
+    fails="returns_the_accuracy_history",
+    hint_mentions="Return the test accuracies, one per epoch",
+    seen_in="the book's concise code of both editions, which only prints the last accuracy",
 )

@@ -1,6 +1,7 @@
 # Slips, and the one check each must cost:
 #   train: the network is not moved to devices[0] before nn.DataParallel, as in the book
 #          -> puts_the_net_on_the_first_device_before_wrapping
+#   train: returns nothing, as in the book -> returns_the_accuracy_history
 
 # %% [markdown]
 # # 多GPU的简洁实现
