@@ -55,6 +55,26 @@ class LaunchError(RuntimeError):
         self.finished = list(finished)  # ranks whose function had returned
         self.results = dict(results or {})
 
+    def _render_traceback_(self) -> list[str]:
+        """What a notebook shows (IPython asks for it): the error alone, with the student's
+        cells named as JupyterLab names them; the launcher's own frames would tell nothing."""
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {in_cells(str(self))}"]
+
+
+def in_cells(text: str) -> str:
+    """Name the notebook's cells in `text` as JupyterLab does (`Cell In[3]`), where it runs in
+    an IPython kernel that knows them."""
+    try:
+        from IPython import get_ipython
+
+        names = dict(get_ipython().compile._filename_map)
+    except Exception:  # not in IPython, or an IPython that keeps no such map
+        return text
+    for filename, number in names.items():
+        text = text.replace(f'File "{filename}"', f"Cell In[{number}]")
+        text = text.replace(filename, f"Cell In[{number}]")
+    return text
+
 
 class LaunchSkipped(BaseException):
     """Raised by `launch` inside `launches_skipped()`: the caller does not run its processes."""

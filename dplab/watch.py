@@ -44,6 +44,7 @@ def describe_status(status: int) -> str:
 # leaves them out (a library that wraps torch.distributed adds its own file here).
 LIBRARY_PARTS = [
     f"{os.sep}torch{os.sep}",
+    f"{os.sep}multiprocessing{os.sep}",
     *(f"dplab{os.sep}{name}.py" for name in ("distributed", "rank", "watch")),
 ]
 
@@ -61,6 +62,19 @@ def where_from(dump: str, keep: int = 3) -> str:
         waiting = f"waiting in torch.distributed's {frames[0].rsplit(' in ', 1)[1]}, called from "
     own = [f for f in frames if not any(part in f for part in LIBRARY_PARTS)][:keep]
     return waiting + ("; from ".join(own) if own else frames[0])
+
+
+def own_frames(trace: str) -> str:
+    """Return the frames of a rank's traceback that are the code's own (the launcher's and
+    torch's left out), each as its place and its line, without the carets."""
+    blocks: list[list[str]] = []
+    for line in trace.splitlines():
+        if line.startswith("  File "):
+            blocks.append([line])
+        elif blocks and len(blocks[-1]) == 1 and line.startswith("    ") and line.strip(" ~^"):
+            blocks[-1].append(line)  # the frame's source line
+    own = [b for b in blocks if not any(part in b[0] for part in LIBRARY_PARTS)]
+    return "\n".join(line for block in own for line in block)
 
 
 class Group:
@@ -245,7 +259,8 @@ class Group:
         if path.exists():
             with open(path, "rb") as f:
                 kind, message, trace = pickle.load(f)
-            return f"rank {rank} raised {kind}: {message}\n{trace.rstrip()}"
+            own = own_frames(trace)
+            return f"rank {rank} raised {kind}: {message}" + (f"\n{own}" if own else "")
         lines = self.output(rank).strip().splitlines()
         # A library that aborts says why in a line of its own ("what(): ..."), which the stack
         # that Python's fault handler writes after it would push out of the last lines.

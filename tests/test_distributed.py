@@ -615,3 +615,45 @@ def test_the_bench_prints_a_table_per_group_and_a_plot(tmp_path):
     assert "| 4 KiB |" in proc.stdout and "| 16 MiB |" in proc.stdout
     assert "at 16 MiB the ring reaches" in proc.stdout
     assert plot.stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_in_a_notebook_a_failed_launch_is_one_short_error(tmp_path):
+    """In JupyterLab, d2l.launch's error names the rank, the call and the student's cell and
+    line, in a few lines: no frames of the launcher, no traceback through dplab (issue 31)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [
+        "import torch, torch.distributed as dist\nimport dplab as d2l",
+        "def skips(tensor):\n"
+        "    if dist.get_rank() == 0:\n"
+        "        dist.send(tensor, dst=1)\n"
+        "        dist.send(tensor, dst=1)\n"
+        "    else:\n"
+        "        dist.recv(tensor, src=0)\n",
+        "d2l.launch(skips, (torch.ones(3),), nprocs=2, idle_timeout=5)",
+        "def boom(x):\n    return x / not_defined",
+        "d2l.launch(boom, (1,), nprocs=2)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True).execute(
+        cwd=str(tmp_path)
+    )
+    errors = {
+        i: re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(o["traceback"]))
+        for i, cell in enumerate(nb.cells)
+        for o in cell.get("outputs", [])
+        if o["output_type"] == "error"
+    }
+    assert set(errors) == {2, 4}, errors
+    hung, failed = errors[2], errors[4]
+    assert hung.startswith("RanksHung: "), hung
+    assert "rank 0" in hung and "send, called from Cell In[2], line 4 in skips" in hung, hung
+    assert failed.splitlines()[:3] == [
+        "RankFailed: rank 0 raised NameError: name 'not_defined' is not defined",
+        "  Cell In[4], line 2, in boom",
+        "    return x / not_defined",
+    ] or failed.startswith("RankFailed: rank 1 raised NameError"), failed
+    for text in (hung, failed):
+        assert "dplab" not in text and len(text.splitlines()) <= 5, text
