@@ -224,7 +224,7 @@ def paid_once(judged: list[Verdict]) -> None:
         if v.see is not None and v.see in charged:
             r = v.result
             r.passed, r.points, r.hint = True, r.max_points, ""
-            r.message = f"kept its points: `{v.see}` charges for the same cause ({r.message})"
+            r.message = f"kept its points: `{v.see}` charges for the same cause"
 
 
 def not_checked(exercise_id: str, checks: list[Check], problem: str) -> ExerciseResult:

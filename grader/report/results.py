@@ -82,7 +82,7 @@ def render_exercise(result: ExerciseResult, title: str = "", total: float | None
             lines.append(f"      the same as {said[key]} above")
             continue
         if c.message:  # a failure, or a check that kept its points for another's sake
-            lines.append(f"      {core}")
+            lines += [f"      {line}" for line in core.strip().splitlines()]
             if not c.passed:
                 said[key] = f"`{c.name}`"
         if not c.passed and c.hint:
