@@ -1,9 +1,13 @@
 """nbgrader settings: the reference notebooks are the source, the student notebooks the release.
 
-    nbgrader generate_assignment multigpu --force   (what `make exercises` runs)
+    nbgrader generate_assignment multigpu --force
 
 turns solutions/multigpu/*.ipynb into exercises/multigpu/*.ipynb, replacing every solution
-with the stub below and removing the hidden checks.
+with the stub below and removing the hidden checks, and adds the assignment to gradebook.db
+(`make exercises` runs it with --no-db, for the release alone). --force because the release
+is part of the repository: without it nbgrader skips the assignment and makes no gradebook.
+nbgrader reads this file from the folder it runs in: run it from the repository's root
+(docs/grading.md walks through the whole round trip).
 """
 
 c = get_config()  # noqa: F821 (nbgrader provides get_config)
