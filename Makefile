@@ -5,6 +5,7 @@
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
 #   make bench-grade, bench-notebooks, bench-distributed   timings, printed (never tested)
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
+#   make picture     redraw the README's picture (docs/check-in-the-lab.png) from a real check
 #   make lock        re-resolve requirements/*.txt from pyproject.toml (needs the network)
 #   make images      build the lab and grader images and probe them (tests/test_images.py)
 
@@ -18,7 +19,7 @@ ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed \
-	lock images clean
+	lock images clean picture
 
 setup: $(DEV_READY)
 
@@ -63,6 +64,10 @@ test-fast: $(DEV_READY) lint
 exercises: $(DEV_READY)
 	$(BIN)/python -m grader sync
 	$(BIN)/nbgrader generate_assignment $(ASSIGNMENT) --force --no-db
+
+# The README's picture: a check cell and its output for a catalogued mistake, run in a kernel.
+picture: $(LAB_READY)
+	$(BIN)/python docs/make_picture.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
