@@ -224,7 +224,9 @@ def paid_once(judged: list[Verdict]) -> None:
         if v.see is not None and v.see in charged:
             r = v.result
             r.passed, r.points, r.hint = True, r.max_points, ""
-            r.message = f"kept its points: `{v.see}` charges for the same cause"
+            said = r.message.splitlines()[0]
+            said = said if len(said) <= 100 else said[:99] + "…"
+            r.message = f"kept its points: `{v.see}` charges for the same cause ({said})"
 
 
 def not_checked(exercise_id: str, checks: list[Check], problem: str) -> ExerciseResult:
