@@ -127,13 +127,14 @@ class Raised:
 
 class Crash(Exception):
     """Raised by a check that needs a call of the student's code that raised instead;
-    `every_call` when no call that the check could judge finished (the first error is
-    `raised`)."""
+    `every_call` when no call that the check could judge finished, of `calls` (the first
+    error is `raised`): the check then says it could not judge."""
 
-    def __init__(self, raised: Raised, every_call: bool = False) -> None:
+    def __init__(self, raised: Raised, every_call: bool = False, calls: int = 2) -> None:
         super().__init__(raised.message)
         self.raised = raised
         self.every_call = every_call
+        self.calls = calls
 
 
 def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:
@@ -165,5 +166,5 @@ def returned(seen: dict) -> Any:
     """Return what the call recorded by `attempt` returned, or raise Crash if it raised."""
     crash = raised_in(seen)
     if crash is not None:
-        raise Crash(crash)
+        raise Crash(crash, every_call=True, calls=1)  # the one call the check needs
     return seen.get("returned")

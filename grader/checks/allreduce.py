@@ -51,15 +51,17 @@ def finished(outcomes: list[dict]) -> list[int]:
     costs the checks about that size (every_tensor_holds_the_sum), not this one."""
     done = [i for i, o in enumerate(outcomes) if raised_in(o) is None]
     if not done:
-        raise Crash(raised_in(outcomes[0]), every_call=True)
+        raise Crash(raised_in(outcomes[0]), every_call=True, calls=len(outcomes))
     return done
 
 
 def all_finished(outcomes: list[dict]) -> None:
-    """Raise Crash with the first call that raised, if any did."""
-    for o in outcomes:
-        if raised_in(o) is not None:
-            raise Crash(raised_in(o))
+    """Raise Crash with the first call that raised, if any did (saying whether every one did)."""
+    crashes = [raised_in(o) for o in outcomes]
+    first = next((r for r in crashes if r is not None), None)
+    if first is not None:
+        every = all(r is not None for r in crashes)
+        raise Crash(first, every_call=every, calls=len(outcomes))
 
 
 def float_lists(seed: int) -> list[list[torch.Tensor]]:

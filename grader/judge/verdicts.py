@@ -117,15 +117,17 @@ def judge_check(
         )
         return Verdict(result, crash)
 
-    def crashed(raised: Raised, every_call: bool = False) -> Verdict:
+    def crashed(raised: Raised, nothing_finished: bool = False, calls: int = 1) -> Verdict:
         # The check's own hint is about what the calls that finish do: with no evidence of
         # that, only a hint about the error itself is shown.
         hint = common_hint(raised, function) or diagnose(raised) or crash_hint(function)
         message = error_message(raised, function)
-        if every_call:
-            message = f"could not judge this: every call of `{function}` raised; the first: " + (
-                message.removeprefix(f"calling `{function}` raised ")
-            )
+        if nothing_finished and message.startswith(f"calling `{function}` raised "):
+            if calls > 1:
+                message = f"every call of `{function}` raised; the first: " + (
+                    message.removeprefix(f"calling `{function}` raised ")
+                )
+            message = "could not judge this: " + message
         return failed(message, hint, raised)
 
     if outcome is None:
@@ -139,15 +141,15 @@ def judge_check(
             return verdict
     if "stopped" in outcome:
         return failed(str(outcome["stopped"]) + reference_time(outcome), LIMIT_HINT)
-    if "error" in outcome:
-        verdict = crashed(Raised.from_data(outcome["error"]))
+    if "error" in outcome:  # the case itself raised: no call of the student's finished
+        verdict = crashed(Raised.from_data(outcome["error"]), nothing_finished=True)
         verdict.result.message += reference_time(outcome)
         return verdict
     seen = unpack(outcome.get("value"))
     try:
         check.judge(seen, ctx.for_case(check.case.name))
     except Crash as crash:  # the check needed a call that raised
-        return crashed(crash.raised, crash.every_call)
+        return crashed(crash.raised, crash.every_call, crash.calls)
     except Fail as fail:
         crash = raised_in(seen)
         if crash is None:
