@@ -19,13 +19,33 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def processor_seconds(pid: int) -> float:
-    """Return the processor time process `pid` has used so far (0 if it is gone)."""
+    """Return the processor time process `pid` has used so far, with that of its children
+    that have ended and been waited for (0 if it is gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return sum(int(f) for f in fields[11:15]) / _TICKS
+
+
+def children_of(pids: list[int]) -> dict[int, list[int]]:
+    """Return each of `pids` with its descendants (a rank's DataLoader workers, say), found
+    by their parents in /proc."""
+    parent_of: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            parent_of[int(name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    family = {pid: [pid] for pid in pids}
+    for members in family.values():
+        for member in members:  # grows as it goes: grandchildren too
+            members += [c for c, parent in parent_of.items() if parent == member]
+    return family
 
 
 def describe_status(status: int) -> str:
@@ -88,6 +108,8 @@ class Group:
         self.read = [0] * len(pids)  # bytes of each rank's log shown so far
         self.partial = [""] * len(pids)
         self.seen: dict[tuple[int, str], tuple] = {}  # (rank, thread) -> schedstat (see demand)
+        self.families: dict[int, list[int]] = {}  # rank's pid -> it and its descendants
+        self.family_at = -1.0
         self.demanded, self.demand_at = 0.0, 0.0
 
     def reap(self) -> None:
@@ -122,8 +144,18 @@ class Group:
     def finished(self) -> list[int]:
         return sorted(r for r in self.ended if self.status[r] == 0)
 
+    def family(self, rank: int) -> list[int]:
+        """Return the rank's process and its descendants (looked up at most twice a second)."""
+        now = time.monotonic()
+        if now - self.family_at > 0.5:
+            self.families = children_of([self.pids[r] for r in self.running])
+            self.family_at = now
+        pid = self.pids[rank]
+        return self.families.get(pid, [pid])
+
     def cpu(self) -> float:
-        return sum(processor_seconds(self.pids[r]) for r in self.running)
+        """Return the processor time of the running ranks and of their own processes."""
+        return sum(processor_seconds(p) for r in self.running for p in self.family(r))
 
     def output(self, rank: int) -> str:
         try:
@@ -157,30 +189,31 @@ class Group:
         run). The kernel adds a wait when the thread gets a processor, so a thread found
         runnable that has not run since the last call, kept waiting all along, counts as
         wanting to run since then; so does one held up otherwise (in a disk wait, or
-        stopped). Threads count from when they are first seen."""
+        stopped). Threads count from when they are first seen, the threads of the rank's own
+        processes too (DataLoader workers: a rank that waits for its workers, kept from a
+        processor on a busy machine, is not deadlocked)."""
         now = time.monotonic()
         since_last, self.demand_at = now - (self.demand_at or now), now
+        tasks = []
         for r in self.running:
+            for pid in self.family(r):  # a rank's loader workers want to run for it
+                with contextlib.suppress(OSError):
+                    tasks += [(r, f"/proc/{pid}/task/{t}") for t in os.listdir(f"/proc/{pid}/task")]
+        for r, folder in tasks:
             try:
-                tasks = os.listdir(f"/proc/{self.pids[r]}/task")
-            except OSError:
+                with open(f"{folder}/schedstat", "rb") as f:
+                    on_cpu, queued, runs = f.read().split()[:3]
+                with open(f"{folder}/stat", "rb") as f:
+                    stat = f.read()
+            except (OSError, ValueError):
                 continue
-            for task in tasks:
-                folder = f"/proc/{self.pids[r]}/task/{task}"
-                try:
-                    with open(f"{folder}/schedstat", "rb") as f:
-                        on_cpu, queued, runs = f.read().split()[:3]
-                    with open(f"{folder}/stat", "rb") as f:
-                        stat = f.read()
-                except (OSError, ValueError):
-                    continue
-                used = (int(on_cpu) + int(queued)) / 1e9
-                last_used, last_runs = self.seen.get((r, task), (0.0, None))
-                self.demanded += used - last_used
-                self.seen[(r, task)] = (used, runs)
-                state = stat[stat.rindex(b")") + 2 :][:1]
-                if state in (b"D", b"T", b"t") or (state == b"R" and runs == last_runs):
-                    self.demanded += since_last
+            used = (int(on_cpu) + int(queued)) / 1e9
+            last_used, last_runs = self.seen.get((r, folder), (0.0, None))
+            self.demanded += used - last_used
+            self.seen[(r, folder)] = (used, runs)
+            state = stat[stat.rindex(b")") + 2 :][:1]
+            if state in (b"D", b"T", b"t") or (state == b"R" and runs == last_runs):
+                self.demanded += since_last
         return self.demanded
 
     def ask_awake(self, ranks: list[int]) -> None:
@@ -290,6 +323,15 @@ def quiet(then: tuple[float, float, float], later: tuple[float, float, float]) -
     return later[2] - then[2] < most and later[1] - then[1] < most
 
 
+def busy_machine() -> float:
+    """Return how many times over the machine's processors are wanted (1 at most load): on
+    a machine that busy, ranks wait longer for a processor, and are given longer."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except OSError:
+        return 1.0
+
+
 def _accelerator_here() -> bool:
     """Return True if this machine has an NVIDIA or AMD GPU (a rank may wait for one, asleep,
     computing nothing on the processor): then only idle_timeout calls ranks deadlocked."""
@@ -335,16 +377,17 @@ def watch_group(
             # The readings of the last QUIET_SECONDS, and the one just before them.
             if not demands or now - demands[-1][0] >= DEMAND_SECONDS:
                 demands.append((now, group.demand(), cpu))
-            while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS:
+            slow = busy_machine()  # a loaded machine stretches every wait
+            while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS * slow:
                 demands.pop(0)
             waiting = [r for r in group.running if not group.returned(r)]
             if not waiting:
                 asked = None
             elif asked is None:
-                if now - demands[0][0] >= QUIET_SECONDS and quiet(demands[0], demands[-1]):
+                if now - demands[0][0] >= QUIET_SECONDS * slow and quiet(demands[0], demands[-1]):
                     group.ask_awake(waiting)
                     asked = (now, demands[0])
-            elif now - asked[0] >= ANSWER_SECONDS:
+            elif now - asked[0] >= ANSWER_SECONDS * slow:
                 if group.answered(waiting):
                     early = False  # it sleeps in Python (time.sleep): idle_timeout decides
                 elif quiet(asked[1], (now, group.demand(), cpu)):

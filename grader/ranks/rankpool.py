@@ -95,8 +95,11 @@ class _Order(Group):
             self.ended_at[rank] = time.time()
 
     def cpu(self) -> float:
+        """Return the processor time of this order's running ranks (their loader workers
+        too), counted from when the order came."""
         return sum(
-            max(0.0, processor_seconds(self.pids[r]) - self.cpu_before[r]) for r in self.running
+            max(0.0, sum(processor_seconds(p) for p in self.family(r)) - self.cpu_before[r])
+            for r in self.running
         )
 
     def kill(self) -> None:
