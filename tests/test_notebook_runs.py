@@ -185,40 +185,54 @@ def test_concise_runs_and_counts_the_books_parameters(concise):
     assert "test acc: " in outputs
 
 
-def with_the_english_resnet18(folder: Path) -> nbformat.NotebookNode:
-    """Return the concise reference notebook without its check cells and with the English 1.0
-    edition's resnet18 (tests/outside/d2l_en_1_0) in its solution cell: built from
-    `d2l.Residual(num_channels, ...)`, whose convolutions are lazy."""
-    script = REPO / "tests" / "outside" / "d2l_en_1_0" / "concise.py"
-    outside = nbformat.read(notebook_from_script(script, folder / "en.ipynb"), as_version=4)
-    (english,) = [c.source for c in outside.cells if c.source.startswith("def resnet18(")]
-    nb = nbformat.read(SOLUTIONS / "concise.ipynb", as_version=4)
+EDITIONS = ["d2l_en_1_0", "d2l_zh_2_0"]  # the book's own code, as tests/outside holds it
+BOOK_NOTEBOOKS = ["from_scratch.ipynb", "concise.ipynb"]
+# The book's concise train never moves the network to devices[0] before nn.DataParallel,
+# which raises on two GPUs as on the stand-ins: a slip of the book's (tests/outside says so),
+# which the notebook's demo cannot be expected to survive.
+RAISES_ANYWHERE = {("concise.ipynb", "train_dataparallel")}
+
+
+def with_the_books_code(edition: str, notebook: str, folder: Path) -> nbformat.NotebookNode:
+    """Return the reference notebook without its check cells, each solution cell holding the
+    edition's own definition of the exercise's function (where tests/outside has one, and
+    it does not raise on any machine: RAISES_ANYWHERE)."""
+    script = REPO / "tests" / "outside" / edition / notebook.replace(".ipynb", ".py")
+    book = nbformat.read(notebook_from_script(script, folder / f"{edition}.ipynb"), as_version=4)
+    nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
     kept = []
     for cell in nb.cells:
         nbgrader = cell.metadata.get("nbgrader", {})
         if nbgrader.get("grade"):
             continue
-        if nbgrader.get("grade_id") == "resnet18-solution":
-            cell.source = english
+        exercise_id = nbgrader.get("grade_id", "").removesuffix("-solution")
+        known = exercise_id in {ex.id for ex in MANIFEST.exercises}
+        if nbgrader.get("solution") and known and (notebook, exercise_id) not in RAISES_ANYWHERE:
+            function = MANIFEST.exercise(exercise_id).function
+            found = [c.source for c in book.cells if c.source.startswith(f"def {function}(")]
+            cell.source = found[0] if found else cell.source
         kept.append(cell)
     nb.cells = kept
     return nb
 
 
 @pytest.mark.slow
-def test_concise_demos_run_with_the_english_editions_lazy_resnet18(tmp_path):
-    """The notebook accepts either edition's Residual, so its demos must run with either: a
-    lazy layer has no size until a first input, and counting its parameters before that
-    raises. With the 1.0 edition's network every demo cell runs, counts the book's
-    parameters and trains (on 64 images: what is judged is that nothing raises)."""
-    path = tmp_path / "concise.ipynb"
-    nbformat.write(with_the_english_resnet18(tmp_path), path)
+@pytest.mark.parametrize("notebook", BOOK_NOTEBOOKS)
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_every_demo_cell_runs_with_either_editions_code(edition, notebook, tmp_path):
+    """The notebooks accept the book's code of both editions, so every cell must run with it:
+    the 1.0 edition's ResNet-18 has lazy layers, whose parameters cannot be counted before a
+    first input; the book's from-scratch train returns nothing and prints its summary in
+    the edition's language. On 64 images: what is judged is that no cell raises."""
+    path = tmp_path / notebook
+    nbformat.write(with_the_books_code(edition, notebook, tmp_path), path)
     nb = execute(path, tmp_path, allow_errors=True, data_limit="64,32")
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
     outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
-    assert "11,175,818 parameters" in outputs
-    assert "test acc: " in outputs
+    assert "test acc: " in outputs or "测试精度" in outputs  # the training demo's summary
+    if notebook == "concise.ipynb":
+        assert "11,175,818 parameters" in outputs
 
 
 @pytest.mark.slow
