@@ -38,8 +38,10 @@ $(DEV_READY): requirements/dev.txt $(LAB_READY)
 	$(PIP) -r requirements/dev.txt
 	touch $@
 
+# The notebooks' language: `make lab LANG=zh_CN` (or a zh_CN locale) serves the Chinese ones.
+LAB_LANG ?= $(if $(filter zh_CN%,$(LANG)),zh_CN,)
 lab: $(LAB_READY)
-	LAB_PYTHON=$(BIN)/python LAB_PORT=$(PORT) docker/start-lab
+	LAB_PYTHON=$(BIN)/python LAB_PORT=$(PORT) LAB_LANG=$(LAB_LANG) docker/start-lab
 
 lint: $(DEV_READY)
 	$(BIN)/ruff check .
@@ -61,9 +63,19 @@ test: $(DEV_READY) lint
 test-fast: $(DEV_READY) lint
 	$(PYTEST) $(PARALLEL) -m "not slow and not container" --durations=5
 
+# Both releases: exercises/ from solutions/, and each language's from solutions/ translated by
+# i18n/<language>/ (the translated sources are written under build/, never edited).
+LANGUAGES := zh_CN
 exercises: $(DEV_READY)
 	$(BIN)/python -m grader sync
 	$(BIN)/nbgrader generate_assignment $(ASSIGNMENT) --force --no-db
+	for lang in $(LANGUAGES); do \
+		rm -rf build/$$lang && \
+		$(BIN)/python -m grader translate $$lang build/$$lang/solutions && \
+		LAB_RELEASE_LANGUAGE=$$lang $(BIN)/nbgrader generate_assignment $(ASSIGNMENT) \
+			--force --no-db --CourseDirectory.source_directory=build/$$lang/solutions \
+			--CourseDirectory.release_directory=exercises/$$lang || exit 1; \
+	done
 
 # The README's picture: a check cell and its output for a catalogued mistake, run in a kernel.
 picture: $(LAB_READY)

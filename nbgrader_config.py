@@ -18,6 +18,12 @@ c.CourseDirectory.release_directory = "exercises"
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 
 STUB = "# YOUR CODE HERE\nraise NotImplementedError('write this function, then run its check')"
+# Another language's release (`make exercises` sets LAB_RELEASE_LANGUAGE) takes its stub from
+# i18n/<language>/release.toml, so that a student meets it in the notebook's language.
+_language = __import__("os").environ.get("LAB_RELEASE_LANGUAGE", "")
+if _language:
+    with open(f"i18n/{_language}/release.toml", "rb") as _f:
+        STUB = __import__("tomllib").load(_f)["code_stub"]
 c.ClearSolutions.code_stub = {"python": STUB}
 
 # The notebooks train for real when nbgrader runs them (autograde): give cells time.

@@ -1,4 +1,4 @@
-"""The command line: `python -m grader {check,grade,list,mistakes,sync}`."""
+"""The command line: `python -m grader {check,grade,list,mistakes,sync,translate}`."""
 
 import argparse
 import sys
@@ -182,6 +182,11 @@ def parser() -> argparse.ArgumentParser:
         help="only this exercise's mistakes (repeat for more)",
     )
     sub.add_parser("sync", help="write each exercise's points (its checks') into the notebooks")
+    t = sub.add_parser(
+        "translate", help="write the reference notebooks in another language (see i18n/)"
+    )
+    t.add_argument("language", help="a language of i18n/, such as zh_CN")
+    t.add_argument("folder", type=Path, help="where to write them (FOLDER/<assignment>/)")
     return p
 
 
@@ -282,6 +287,17 @@ def main(argv: list[str] | None = None) -> int:
             for line in sync_points() + problems():
                 print(line)
             return 1 if problems() else 0
+        if args.command == "translate":
+            from grader.translate import problems, write_edition
+
+            found = [p for nb in load_manifest().notebooks for p in problems(args.language, nb)]
+            for problem in found:
+                print(f"error: {problem}", file=sys.stderr)
+            if found:
+                return 2
+            for path in write_edition(args.language, args.folder):
+                print(f"wrote {path}")
+            return 0
         if args.command == "check":
             return run_check(args)
         return run_grade(args)

@@ -206,3 +206,29 @@ def test_start_command_refuses_a_missing_exercises_folder(tmp_path):
     )
     assert proc.returncode == 2
     assert "no exercises at" in proc.stderr
+
+
+def test_the_chinese_lab_copies_the_chinese_notebooks_alone(tmp_path):
+    """LAB_LANG=zh_CN (make lab LANG=zh_CN) copies exercises/zh_CN/; the English lab leaves
+    that folder out of the work folder. (`true` stands in for JupyterLab: only the copying
+    is looked at.)"""
+    for lang, work in (("zh_CN", tmp_path / "zh"), ("", tmp_path / "en")):
+        proc = subprocess.run(
+            [str(REPO / "docker" / "start-lab")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, LAB_LANG=lang, LAB_WORK=str(work), LAB_PYTHON="true"),
+        )
+        copied = sorted(p.relative_to(work).as_posix() for p in work.rglob("*.ipynb"))
+        assert copied == [
+            f"{load_manifest().assignment}/{n}" for n in sorted(load_manifest().notebooks)
+        ], proc.stderr
+        text = (work / load_manifest().assignment / "concise.ipynb").read_text()
+        assert ("写好这个函数" in text) == (lang == "zh_CN")
+    proc = subprocess.run(
+        [str(REPO / "docker" / "start-lab")],
+        cwd=REPO, capture_output=True, text=True,
+        env=dict(os.environ, LAB_LANG="fr_FR", LAB_WORK=str(tmp_path / "fr"), LAB_PYTHON="true"),
+    )  # fmt: skip
+    assert proc.returncode == 2 and "the languages are: zh_CN" in proc.stderr

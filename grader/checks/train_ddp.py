@@ -447,7 +447,10 @@ def returns_the_test_accuracy_per_epoch(seen, ctx):
         )
 
 
-SUMMARY = re.compile(r"test acc:?\s*[0-9.]+.*sec/epoch", re.IGNORECASE)
+# The summary line, as the English notebook prints it or as the Chinese one does.
+SUMMARY = re.compile(
+    r"test acc:?\s*[0-9.]+.*sec/epoch|测试精度[:：]\s*[0-9.]+.*秒/轮", re.IGNORECASE
+)
 
 
 @check(
