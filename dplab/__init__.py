@@ -72,6 +72,13 @@ __all__ = [
 ]
 
 
+# A notebook that imported pyplot before the lab (each of the lab's does) may plot Chinese
+# labels with it: the fonts that have their glyphs are put behind matplotlib's own now.
+if "matplotlib.pyplot" in __import__("sys").modules:
+    from dplab.plot import chinese_fonts
+
+    chinese_fonts()
+
 # The book saves these into its d2l package; here they are exercises you write yourself.
 _EXERCISES = {"split_batch": "split_batch", "resnet18": "resnet18"}
 

@@ -29,8 +29,34 @@ def _in_notebook() -> bool:
 def figure_path(name: str) -> Path:
     """Return where a headless plot called `name` is saved: `$DPLAB_FIGURE_DIR`, else here."""
     folder = Path(settings.FIGURE_DIR.get())
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "plot"
+    safe = re.sub(r"[^\w.-]+", "-", name).strip("-") or "plot"  # (\w: Chinese names too)
     return folder / f"{safe}.png"
+
+
+# Fonts with Chinese glyphs, as Debian installs them (the lab's image has the first).
+CHINESE_FONTS = (
+    "/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
+    "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+)
+
+
+def chinese_fonts() -> list[str]:
+    """Let plots show Chinese labels: put the installed fonts with Chinese glyphs behind
+    matplotlib's own, which it falls back on for a glyph its font lacks (added by file, as
+    matplotlib's cache of fonts does not see fonts installed after it was made). Return
+    their names: none where no such font is installed (the labels then show boxes)."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    names = []
+    for path in CHINESE_FONTS:
+        if Path(path).is_file():
+            font_manager.fontManager.addfont(path)
+            names.append(font_manager.FontProperties(fname=path).get_name())
+    family = list(matplotlib.rcParams["font.family"])
+    matplotlib.rcParams["font.family"] = family + [n for n in names if n not in family]
+    return names
 
 
 class Animator:
@@ -68,6 +94,7 @@ class Animator:
         if self._fig is None:
             from matplotlib.figure import Figure
 
+            chinese_fonts()
             self._fig = Figure(figsize=self.figsize)
             self._axes = self._fig.add_subplot()
         return self._fig
