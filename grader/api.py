@@ -57,7 +57,15 @@ One mistake should cost the checks about it, and no others:
 """
 
 from grader.base.cases import Case, Check, Context, ErrorHints, Student, case, check, error_hints
-from grader.base.expect import as_tensor, close, expect, expect_close, expect_equal, short
+from grader.base.expect import (
+    as_tensor,
+    close,
+    expect,
+    expect_close,
+    expect_equal,
+    expect_kept_dtype,
+    short,
+)
 from grader.base.outcomes import (
     Crash,
     Fail,
@@ -124,6 +132,7 @@ __all__ = [
     "expect",
     "expect_close",
     "expect_equal",
+    "expect_kept_dtype",
     "short",
     # inputs and stand-ins the exercises share
     "FirstBatches",

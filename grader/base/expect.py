@@ -101,6 +101,22 @@ def expect_close(
         )
 
 
+def expect_kept_dtype(value: Tensor, expected: Tensor, what: str, hint: str) -> None:
+    """Fail with `hint` where `value` has another dtype than `expected`, or holds integers
+    off `expected` by no more than float32's rounding (a sum computed in floats and turned
+    back): evidence of the one mistake `hint` names."""
+    if value.dtype != expected.dtype:
+        raise Fail(f"{what}: came back as {value.dtype}, expected {expected.dtype}", hint)
+    if expected.is_floating_point() or torch.equal(value, expected):
+        return
+    if torch.allclose(value.to(torch.float64), expected.to(torch.float64), rtol=1e-6, atol=1.0):
+        raise Fail(
+            f"{what}: came back {short(value)}, expected {short(expected)}: off by float32's "
+            "rounding",
+            hint,
+        )
+
+
 def divmod_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Turn a flat index into a multi-dimensional one."""
     index = []

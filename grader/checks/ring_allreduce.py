@@ -23,11 +23,11 @@ from grader.api import (
     expect,
     expect_close,
     expect_equal,
+    expect_kept_dtype,
     groups_finished,
     in_every_size,
     in_rank,
     recording_calls,
-    short,
 )
 
 # Collectives that move data: a ring that calls one did not do the summing itself.
@@ -192,16 +192,7 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
         value = given.value if isinstance(given, SeenTensor) else given
         hint = None
         if isinstance(value, torch.Tensor) and value.shape == expected.shape:
-            if value.dtype != expected.dtype:
-                raise Fail(
-                    f"{label} came back as {value.dtype}, expected {expected.dtype}", DTYPE_HINT
-                )
-            if rounded_by_floats(value, expected):
-                raise Fail(
-                    f"{label} came back {short(value)}, expected {short(expected)}: off by "
-                    "float32's rounding",
-                    DTYPE_HINT,
-                )
+            expect_kept_dtype(value, expected, label, DTYPE_HINT)
             if left_alone(value, tensors_for(ctx.seed, rank, kind, n)[i]):
                 hint = IN_PLACE_HINT
             elif expected.is_floating_point() and stopped_after_reduce_scatter(value, expected, n):
@@ -210,13 +201,6 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
             expect_close(given, expected, label, hint, rtol=1e-5, atol=1e-5)
         else:
             expect_equal(given, expected, label, hint)
-
-
-def rounded_by_floats(value: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Return True for integers off the exact sum by no more than float32's rounding."""
-    if expected.is_floating_point() or torch.equal(value, expected):
-        return False
-    return torch.allclose(value.double(), expected.double(), rtol=1e-6, atol=1.0)
 
 
 @check(

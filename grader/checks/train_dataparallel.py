@@ -31,10 +31,9 @@ from grader.api import (
     error_hints,
     expect,
     quiet_animator,
-    returned,
     sample_images,
 )
-from grader.checks.train_loop import summary
+from grader.checks.train_loop import expect_history
 
 LR = 0.5
 EPOCHS = 10
@@ -318,19 +317,7 @@ def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
 )
 def returns_the_accuracy_history(seen, ctx):
     """It returns a list of one test accuracy per epoch, ending with the printed one."""
-    history = returned(seen)
-    expect(
-        isinstance(history, list)
-        and len(history) == EPOCHS
-        and all(isinstance(a, int | float) and 0 <= a <= 1 for a in history),
-        f"train returned {history!r}, expected a list of {EPOCHS} accuracies",
-    )
-    found = summary(seen["printed"])
-    if found:
-        expect(
-            f"{history[-1]:.2f}" == found[0],
-            f"the last accuracy returned is {history[-1]:.2f} but {found[0]} was printed",
-        )
+    expect_history(seen, EPOCHS)
 
 
 @error_hints

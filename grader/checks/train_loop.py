@@ -311,12 +311,18 @@ def prints_the_summary_line(seen, ctx):
 )
 def returns_the_accuracy_history(seen, ctx):
     """It returns a list of one test accuracy per epoch, ending with the printed one."""
+    expect_history(seen, EPOCHS)
+
+
+def expect_history(seen: dict, epochs: int) -> None:
+    """Fail unless the loop returned one test accuracy for each of `epochs`, the last one as
+    printed (the concise loop is judged by the same rule)."""
     history = returned(seen)
     expect(
         isinstance(history, list)
-        and len(history) == EPOCHS
+        and len(history) == epochs
         and all(isinstance(a, int | float) and 0 <= a <= 1 for a in history),
-        f"train returned {history!r}, expected a list of {EPOCHS} accuracies",
+        f"train returned {history!r}, expected a list of {epochs} accuracies",
     )
     found = summary(seen["printed"])
     if found:
