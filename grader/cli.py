@@ -4,6 +4,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from grader import i18n
 from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
@@ -82,6 +83,12 @@ def limits_of(args: argparse.Namespace) -> Limits:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
+    p.add_argument(
+        "--lang",
+        metavar="LANGUAGE",
+        help="the language of messages: en or zh_CN (default: LAB_LANG, else the locale's; "
+        "a notebook released in Chinese is always spoken of in Chinese)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("check", help="run the public checks on your notebook(s) and show hints")
@@ -187,6 +194,10 @@ def parser() -> argparse.ArgumentParser:
     )
     t.add_argument("language", help="a language of i18n/, such as zh_CN")
     t.add_argument("folder", type=Path, help="where to write them (FOLDER/<assignment>/)")
+    msg = sub.add_parser("messages", help="compile the grader's translations, or list the missing")
+    msg.add_argument("action", choices=("missing", "compile"))
+    msg.add_argument("--language", default="zh_CN", help="the catalogue to look at (missing)")
+    msg.add_argument("--under", help="only messages from here, e.g. grader/checks/allreduce.py")
     return p
 
 
@@ -267,6 +278,15 @@ def run_grade(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        i18n.choose(args.lang)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "messages":
+            from grader import messages
+
+            return messages.main(args.action, args.language, args.under)
         if args.command == "list":
             print(exercise_table())
             return 0

@@ -84,6 +84,9 @@ def grader_fingerprint() -> str:
         if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(REPO)).encode())
             digest.update(path.read_bytes())
+    for path in sorted((REPO / "i18n").rglob("*.po")):  # the messages' translations
+        digest.update(str(path.relative_to(REPO)).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -92,6 +95,7 @@ def fingerprint(sub: Submission, options: dict) -> str:
     digest = hashlib.sha256(grader_fingerprint().encode())
     digest.update(repr(sorted(options.items())).encode())
     digest.update(repr([ex.id for ex in sub.exercises]).encode())
+    digest.update(sub.language.encode())  # the language its messages are in
     for name, path in sorted(sub.notebooks.items()):
         digest.update(name.encode())
         digest.update(path.read_bytes())

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from grader import i18n
 from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.results import SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference
@@ -98,7 +99,22 @@ def grade_submission(
     """Grade one submission end to end and return its result (adding the time each phase
     took to `phases`, if given). `only_checks` keeps the checks of these names (and those
     they come after), and runs only their cases. `side_by_side` notebooks are graded at once
-    (a number, or a function that says it now; by default, as many as there are cores)."""
+    (a number, or a function that says it now; by default, as many as there are cores).
+    Its messages are in the submission's language (`sub.language`)."""
+    with i18n.speaking(sub.language):
+        return _graded(sub, seed, hidden, limits, threads, phases, only_checks, side_by_side)
+
+
+def _graded(
+    sub: Submission,
+    seed: int,
+    hidden: bool,
+    limits: Limits | None,
+    threads: int | None,
+    phases: Phases | None,
+    only_checks: set[str] | None,
+    side_by_side: int | Callable[[], int] | None,
+) -> SubmissionResult:
     sub_seed = submission_seed(sub.id, seed)
     limits = limits or Limits()
     threads = threads or default_threads()

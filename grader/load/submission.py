@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dplab.notebook import read_code_cells
+from grader import i18n
 from grader.load.notebook import NotebookError, read_cells, strip_magics
 from grader.manifest import Exercise, Manifest
 
@@ -18,6 +19,26 @@ class Submission:
     notebooks: dict[str, Path]
     exercises: list[Exercise]
     notes: list[str] = field(default_factory=list)
+    language: str = "en"  # what is said about it is said in this language (see grader.i18n)
+
+
+def submission_language(path: Path, assignment: str) -> str:
+    """Return the language to speak of the submission at `path` in: that of its notebooks
+    when they were released in one (the Chinese notebooks), else the run's language."""
+    if path.is_file():
+        candidates = [path]
+    else:
+        candidates = sorted(p for f in (path, path / assignment) for p in f.glob("*.ipynb"))
+    for candidate in candidates:
+        try:
+            import json
+
+            language = i18n.notebook_language(json.loads(candidate.read_bytes()))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if language:
+            return language
+    return i18n.default_language()
 
 
 def defined_functions(path: Path) -> set[str]:
@@ -67,7 +88,13 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a notebook or a folder of notebooks")
-    sub = Submission(submission_id(path, manifest), path, {}, [])
+    language = submission_language(path, manifest.assignment)
+    sub = Submission(submission_id(path, manifest), path, {}, [], language=language)
+    with i18n.speaking(language):
+        return _found(sub, path, manifest)
+
+
+def _found(sub: Submission, path: Path, manifest: Manifest) -> Submission:
     if path.is_file():
         name = (
             path.name

@@ -1,0 +1,174 @@
+"""The grader's messages in the reader's language, through gettext.
+
+Every message a student or an instructor reads is written in English in the code and looked up
+here: `_("...")` where it is made, `N_("...")` where a constant is defined (looked up where it
+is shown), and the checks' docstrings and hints, which are looked up where they are shown.
+Messages with values use named fields, filled after the lookup: `_("got {got}").format(got=x)`,
+never an f-string, so that the text looked up is the same whatever the values.
+
+The translations are `i18n/<language>/messages/*.po` (one file per part of the grader); `make`
+compiles them into `grader/locale/<language>/LC_MESSAGES/grader.mo`. The language:
+
+- a notebook's own (`metadata.lab.language`, which the translated notebooks carry) for what is
+  said about that notebook;
+- otherwise `--lang` of the command line, else `LAB_LANG`, else the locale (`LC_ALL`,
+  `LC_MESSAGES`, `LANG`): Chinese for `zh*`, English for anything else.
+"""
+
+import contextlib
+import functools
+import gettext
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+
+DOMAIN = "grader"
+LANGUAGES = ("en", "zh_CN")  # English is the source; the others have catalogues
+PACKAGE = Path(__file__).resolve().parent
+LOCALE = PACKAGE / "locale"  # the compiled catalogues
+SOURCES = PACKAGE.parent / "i18n"  # i18n/<language>/messages/*.po, in a checkout
+
+_chosen: str | None = None  # --lang, for the whole run
+_speaking: ContextVar[str | None] = ContextVar("lab_language", default=None)
+
+
+def known(language: str | None) -> str | None:
+    """Return the lab's name for `language` (zh_CN for zh, zh-CN, zh_CN.UTF-8...), or None."""
+    if not language:
+        return None
+    name = language.split(".")[0].split("@")[0].replace("-", "_")
+    if name.lower() in ("c", "posix"):
+        return "en"
+    if name.lower().startswith("zh"):
+        return "zh_CN"
+    if name.lower().startswith("en"):
+        return "en"
+    return None
+
+
+def choose(language: str | None) -> None:
+    """Set the language of the whole run (the command line's --lang); None forgets it.
+
+    Raise ValueError for a language the lab does not have, naming those it has."""
+    global _chosen
+    if language is not None and known(language) is None:
+        raise ValueError(f"no language called {language!r}: the lab speaks {', '.join(LANGUAGES)}")
+    _chosen = known(language)
+
+
+def default_language() -> str:
+    """Return the run's language: --lang, else LAB_LANG, else the locale's, else English."""
+    if _chosen:
+        return _chosen
+    lab = os.environ.get("LAB_LANG")
+    if lab:
+        return known(lab) or "en"
+    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        value = os.environ.get(name)
+        if value:
+            return known(value) or "en"
+    return "en"
+
+
+def current() -> str:
+    """Return the language messages are made in here and now."""
+    return _speaking.get() or default_language()
+
+
+@contextlib.contextmanager
+def speaking(language: str | None) -> Iterator[None]:
+    """Make messages in `language` within the block (None: the run's language)."""
+    token = _speaking.set(known(language) if language else None)
+    try:
+        yield
+    finally:
+        _speaking.reset(token)
+
+
+def notebook_language(notebook: dict) -> str | None:
+    """Return the language a notebook was released in (its `metadata.lab.language`), if any."""
+    lab = (notebook.get("metadata") or {}).get("lab") or {}
+    language = lab.get("language") if isinstance(lab, dict) else None
+    return known(language) if isinstance(language, str) else None
+
+
+def compiled(language: str) -> Path:
+    return LOCALE / language / "LC_MESSAGES" / f"{DOMAIN}.mo"
+
+
+def sources(language: str) -> list[Path]:
+    """Return the `.po` files of `language`, in a checkout (none in an installed copy)."""
+    return sorted((SOURCES / language / "messages").glob("*.po"))
+
+
+def read_sources(language: str):
+    """Return one Babel catalogue holding every message of `language`'s `.po` files."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import read_po
+
+    merged = Catalog(locale=language, domain=DOMAIN)
+    for path in sources(language):
+        with path.open("rb") as f:
+            for message in read_po(f, locale=language):
+                if message.id:
+                    merged[message.id] = message
+    return merged
+
+
+def compile_catalogues() -> list[Path]:
+    """Compile each language's `.po` files into one `.mo` file; return the files written."""
+    from babel.messages.mofile import write_mo
+
+    written = []
+    for language in LANGUAGES[1:]:
+        target = compiled(language)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as f:
+            write_mo(f, read_sources(language))
+        written.append(target)
+    catalogue.cache_clear()
+    return written
+
+
+@functools.cache
+def catalogue(language: str) -> gettext.NullTranslations:
+    """Return `language`'s translations: the compiled file, or, where it was never compiled
+    (a checkout used without `make`), the `.po` files read directly."""
+    if language == "en":
+        return gettext.NullTranslations()
+    path = compiled(language)
+    if path.exists():
+        with path.open("rb") as f:
+            return gettext.GNUTranslations(f)
+    if sources(language):
+        import io
+
+        from babel.messages.mofile import write_mo
+
+        buffer = io.BytesIO()
+        write_mo(buffer, read_sources(language))
+        buffer.seek(0)
+        return gettext.GNUTranslations(buffer)
+    return gettext.NullTranslations()
+
+
+def _(message: str) -> str:
+    """Return `message` in the current language (itself where there is no translation)."""
+    if not message:
+        return message
+    language = current()
+    if language == "en":
+        return message
+    return catalogue(language).gettext(message)
+
+
+def N_(message: str) -> str:
+    """Mark a message to be translated where it is shown; return it unchanged."""
+    return message
+
+
+def translate(language: str | None, message: str) -> str:
+    """Return `message` in `language` (None: the current one)."""
+    with speaking(language):
+        return _(message)

@@ -1,0 +1,127 @@
+"""The grader's messages to translate, found in its code, and what each language still lacks.
+
+    python -m grader messages missing [--language zh_CN]   messages with no translation yet
+    python -m grader messages compile                      i18n/*/messages/*.po -> grader/locale/
+
+A message is a string given to `_()` or `N_()` in the grader's code, or a check's docstring or
+hint (what `check` prints about a check). `tests/test_messages.py` fails on any message without
+a translation, on a translation whose `{fields}` differ from the English, and on a translation
+left for a message the code no longer has.
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader.i18n import LANGUAGES, PACKAGE, read_sources
+
+FIELD = re.compile(r"\{(\w*)[^{}]*\}")
+
+
+@dataclass(frozen=True)
+class Message:
+    text: str
+    where: str  # file:line, or exercise/check for a check's docstring or hint
+
+
+def in_code() -> list[Message]:
+    """Return the strings given to `_()` or `N_()` in the grader's code."""
+    from babel.messages.extract import extract_from_dir
+
+    found = []
+    for filename, lineno, text, _comments, _context in extract_from_dir(
+        str(PACKAGE),
+        method_map=[("**.py", "python")],
+        keywords={"_": None, "N_": None},
+        comment_tags=(),
+    ):
+        if isinstance(text, str) and text:
+            found.append(Message(text, f"grader/{filename}:{lineno}"))
+    return found
+
+
+def of_checks() -> list[Message]:
+    """Return every check's docstring and hint, public and hidden (where installed)."""
+    from grader.judge.registry import exercise_checks, hidden_available
+    from grader.manifest import load_manifest
+
+    found = []
+    for ex in load_manifest().exercises:
+        for check in exercise_checks(ex, include_hidden=hidden_available(ex)):
+            where = f"{ex.id}/{check.name}"
+            found += [Message(t, where) for t in (check.doc, check.hint) if t]
+    return found
+
+
+def every_message() -> dict[str, str]:
+    """Return each message with the first place it comes from."""
+    messages: dict[str, str] = {}
+    for m in in_code() + of_checks():
+        messages.setdefault(m.text, m.where)
+    return messages
+
+
+def fields(text: str) -> list[str]:
+    """Return the names of a message's `{fields}`, sorted (`{{` is a brace, not a field)."""
+    return sorted(FIELD.findall(text.replace("{{", "").replace("}}", "")))
+
+
+def problems(language: str) -> list[str]:
+    """Return what `language`'s catalogue lacks or gets wrong, one line each."""
+    wanted = every_message()
+    have = read_sources(language)
+    found = []
+    for text, where in wanted.items():
+        entry = have.get(text)
+        if entry is None or not entry.string or entry.fuzzy:
+            found.append(f"{where}: no {language} translation of {text!r}")
+        elif fields(entry.string) != fields(text):
+            found.append(
+                f"{where}: the {language} translation of {text!r} has the fields "
+                f"{fields(entry.string)}, not {fields(text)}"
+            )
+    for entry in have:
+        if entry.id and entry.id not in wanted:
+            found.append(f"i18n/{language}: a translation of {entry.id!r}, which no code says")
+    return found
+
+
+def missing(language: str) -> list[Message]:
+    """Return the messages that `language` has no translation of, in the code's order."""
+    have = read_sources(language)
+    return [
+        Message(text, where)
+        for text, where in every_message().items()
+        if not (have.get(text) and have.get(text).string)
+    ]
+
+
+def as_po(messages: list[Message]) -> str:
+    """Return `messages` as `.po` entries with empty translations, to fill in."""
+    from io import BytesIO
+
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    catalog = Catalog()
+    for m in messages:
+        path, _, line = m.where.partition(":")
+        catalog.add(m.text, locations=[(path, int(line) if line.isdigit() else None)])
+    out = BytesIO()
+    write_po(out, catalog, omit_header=True, width=100)
+    return out.getvalue().decode()
+
+
+def main(command: str, language: str = "zh_CN", under: str | None = None) -> int:
+    if command == "compile":
+        from grader.i18n import compile_catalogues
+
+        for path in compile_catalogues():
+            print(f"wrote {Path(path).relative_to(PACKAGE.parent)}")
+        return 0
+    if language not in LANGUAGES[1:]:
+        print(f"error: no catalogue for {language!r}; the lab has {', '.join(LANGUAGES[1:])}")
+        return 2
+    todo = [m for m in missing(language) if under is None or m.where.startswith(under)]
+    print(as_po(todo), end="")
+    return 1 if todo else 0
