@@ -34,13 +34,18 @@ $(LAB_READY): requirements/lab.txt pyproject.toml | $(BIN)/python
 	$(PIP) --no-deps -e .
 	touch $@
 
+# The grader's messages in each language: i18n/<language>/messages/*.po compiled (grader/i18n.py).
+CATALOGUES := $(patsubst i18n/%/messages,grader/locale/%/LC_MESSAGES/grader.mo,$(wildcard i18n/*/messages))
+$(CATALOGUES): $(wildcard i18n/*/messages/*.po) | $(LAB_READY)
+	$(BIN)/python -m grader messages compile
+
 $(DEV_READY): requirements/dev.txt $(LAB_READY)
 	$(PIP) -r requirements/dev.txt
 	touch $@
 
 # The notebooks' language: `make lab LANG=zh_CN` (or a zh_CN locale) serves the Chinese ones.
 LAB_LANG ?= $(if $(filter zh_CN%,$(LANG)),zh_CN,)
-lab: $(LAB_READY)
+lab: $(LAB_READY) $(CATALOGUES)
 	LAB_PYTHON=$(BIN)/python LAB_PORT=$(PORT) LAB_LANG=$(LAB_LANG) docker/start-lab
 
 lint: $(DEV_READY)
@@ -57,10 +62,10 @@ PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pyte
 WORKERS ?= 2
 PARALLEL := $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
-test: $(DEV_READY) lint
+test: $(DEV_READY) $(CATALOGUES) lint
 	$(PYTEST) $(PARALLEL) --durations=15
 
-test-fast: $(DEV_READY) lint
+test-fast: $(DEV_READY) $(CATALOGUES) lint
 	$(PYTEST) $(PARALLEL) -m "not slow and not container" --durations=5
 
 # Both releases: exercises/ from solutions/, and each language's from solutions/ translated by

@@ -134,11 +134,13 @@ def compile_catalogues() -> list[Path]:
 @functools.cache
 def catalogue(language: str) -> gettext.NullTranslations:
     """Return `language`'s translations: the compiled file, or, where it was never compiled
-    (a checkout used without `make`), the `.po` files read directly."""
+    or is older than its sources (a checkout used without `make`), the `.po` files read
+    directly."""
     if language == "en":
         return gettext.NullTranslations()
     path = compiled(language)
-    if path.exists():
+    newest = max((p.stat().st_mtime for p in sources(language)), default=0.0)
+    if path.exists() and path.stat().st_mtime >= newest:
         with path.open("rb") as f:
             return gettext.GNUTranslations(f)
     if sources(language):

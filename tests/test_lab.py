@@ -196,6 +196,36 @@ def test_make_lab_serves_the_exercises(tmp_path):
     assert errors_in(out) == [], out
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("make") is None or not (REPO / ".venv").is_dir(),
+    reason="make lab uses the virtual environment; in the container everything is installed",
+)
+def test_make_lab_in_chinese_serves_the_chinese_lab(tmp_path):
+    """`make lab LANG=zh_CN`: the Chinese notebooks, and JupyterLab's own menus in Chinese
+    (its language pack installed, and Chinese the default of its language setting)."""
+    port = free_port()
+    lab = Lab(tmp_path / "work", port, ["make", "-s", "lab", f"PORT={port}", "LANG=zh_CN"])
+    try:
+        assignment = load_manifest().assignment
+        status, body = get(f"{lab.base}/api/contents/{assignment}/concise.ipynb?token={TOKEN}")
+        assert status == 200
+        notebook = json.loads(body)["content"]
+        assert notebook["metadata"]["lab"]["language"] == "zh_CN"
+        assert any("写好这个函数" in c["source"] for c in notebook["cells"])
+        plugin = "@jupyterlab/translation-extension:plugin"
+        status, body = get(f"{lab.base}/lab/api/settings/{plugin}?token={TOKEN}")
+        assert status == 200
+        assert json.loads(body)["schema"]["properties"]["locale"]["default"] == "zh_CN"
+        status, body = get(f"{lab.base}/lab/api/translations/zh_CN?token={TOKEN}")
+        menus = json.dumps(json.loads(body)["data"], ensure_ascii=False)
+        assert status == 200 and "文件" in menus  # the File menu, from the language pack
+    finally:
+        code, out = lab.stop()
+    assert code == 0, out
+    assert errors_in(out) == [], out
+
+
 def test_start_command_refuses_a_missing_exercises_folder(tmp_path):
     proc = subprocess.run(
         [str(REPO / "docker" / "start-lab")],
