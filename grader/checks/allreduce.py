@@ -20,17 +20,18 @@ from grader.api import (
     raised_in,
     short,
 )
+from grader.i18n import N_, _
 
-REBIND_HINT = (
+REBIND_HINT = N_(
     "`data[i] = ...` only makes the list point at a new tensor; the tensor the caller holds "
     "(a gradient, say) keeps its old values. Write into it instead: data[i][:] = ... "
     "or data[i].copy_(...)."
 )
-COPY_BACK_HINT = (
+COPY_BACK_HINT = N_(
     "After adding every tensor into data[0], copy the total back into each of the others, "
     "moved to its device: data[i][:] = data[0].to(data[i].device)."
 )
-DTYPE_HINT = (
+DTYPE_HINT = N_(
     "Keep each tensor's dtype: add with += (or torch.add) into the tensors themselves; "
     "do not go through Python floats or float32."
 )
@@ -96,7 +97,7 @@ def expect_sums(
     integers summed through floats (`expect_kept_dtype`)."""
     total = torch.stack(parts).sum(dim=0, dtype=parts[0].dtype)
     for i, t in enumerate(tensors):
-        label = f"{what}: tensor {i} of {len(tensors)}"
+        label = _("{what}: tensor {i} of {count}").format(what=what, i=i, count=len(tensors))
         value = as_tensor(t, label)
         right = value.dtype == total.dtype and (
             close(value, total, 1e-5, 1e-5)
@@ -110,8 +111,9 @@ def expect_sums(
             )
             if summed and value.dtype == parts[i].dtype and torch.equal(value, parts[i]):
                 raise Fail(
-                    f"{label}: still holds its own values {short(value)}; the total never "
-                    "reached it",
+                    _(
+                        "{label}: still holds its own values {values}; the total never reached it"
+                    ).format(label=label, values=short(value)),
                     COPY_BACK_HINT,
                     see,
                 )
@@ -120,8 +122,10 @@ def expect_sums(
             if len(some) > 1:
                 which = ", ".join(str(j) for j in some)
                 raise Fail(
-                    f"{label}: holds the sum of tensors {which} only, of {len(parts)}",
-                    "Loop over all of data: the sum must include every tensor.",
+                    _("{label}: holds the sum of tensors {which} only, of {count}").format(
+                        label=label, which=which, count=len(parts)
+                    ),
+                    _("Loop over all of data: the sum must include every tensor."),
                     see,
                 )
         if total.is_floating_point():  # no known cause: the check's own hint, and its charge
@@ -181,7 +185,7 @@ def book_demo_gives_threes_on_both_devices(seen, ctx):
     """[[1., 1.]] and [[2., 2.]] both become [[3., 3.]]."""
     all_finished([seen])
     for i, t in enumerate(seen["listed"]):
-        expect_equal(t, torch.tensor([[3.0, 3.0]]), f"data[{i}] after allreduce")
+        expect_equal(t, torch.tensor([[3.0, 3.0]]), _("data[{i}] after allreduce").format(i=i))
 
 
 @check(
@@ -194,7 +198,7 @@ def every_tensor_holds_the_sum(seen, ctx):
     """For 1 to 8 tensors, each one given ends holding the sum of all of them."""
     for ts, outcome in zip(float_lists(ctx.seed), seen, strict=True):
         if raised_in(outcome) is None:  # what came back shows more than the error does
-            expect_sums(outcome["listed"], ts, f"with {len(ts)} tensors")
+            expect_sums(outcome["listed"], ts, _("with {count} tensors").format(count=len(ts)))
     all_finished(seen)
 
 
@@ -207,7 +211,9 @@ def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     """float64, int64 (up to 2**40) and int32 tensors keep their dtype; integers sum exactly."""
     all_finished(seen)
     for ts, outcome in zip(mixed_lists(ctx.seed), seen, strict=True):
-        what = f"{ts[0].dtype} tensors of shape {tuple(ts[0].shape)}"
+        what = _("{dtype} tensors of shape {shape}").format(
+            dtype=ts[0].dtype, shape=tuple(ts[0].shape)
+        )
         expect_sums(outcome["listed"], ts, what, see="every_tensor_holds_the_sum")
 
 
@@ -231,11 +237,13 @@ def writes_into_the_tensors_it_was_given(seen, ctx):
         k = len(ts)
         if rebound(outcome):
             raise Fail(
-                f"with {k} tensors, allreduce put new tensors into the list; the tensors it was "
-                "given were not all updated",
+                _(
+                    "with {count} tensors, allreduce put new tensors into the list; the tensors "
+                    "it was given were not all updated"
+                ).format(count=k),
                 REBIND_HINT,
             )
-        what = f"with {k} tensors, the tensors given"
+        what = _("with {count} tensors, the tensors given").format(count=k)
         expect_sums(outcome["given"], ts, what, see="every_tensor_holds_the_sum")
 
 
@@ -250,7 +258,10 @@ def each_result_stays_on_its_device(seen, ctx):
     for outcome in seen:
         wanted = [str(d) for d in cycle(ctx.devices, len(outcome["given"]))]
         got = [t.device for t in outcome["listed"] if isinstance(t, SeenTensor)]
-        expect(got == wanted, f"the tensors are on {got}, expected {wanted}")
+        expect(
+            got == wanted,
+            _("the tensors are on {got}, expected {wanted}").format(got=got, wanted=wanted),
+        )
 
 
 @check(
@@ -269,8 +280,10 @@ def no_two_results_share_memory(seen, ctx):
             if key in keys[:j]:
                 i = keys.index(key)
                 raise Fail(
-                    f"with {len(listed)} tensors, data[{i}] and data[{j}] are the same "
-                    "memory: changing one changes the other"
+                    _(
+                        "with {count} tensors, data[{i}] and data[{j}] are the same memory: "
+                        "changing one changes the other"
+                    ).format(count=len(listed), i=i, j=j)
                 )
 
 
@@ -278,5 +291,5 @@ def no_two_results_share_memory(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Expected all tensors to be on the same device" in raised.message:
-        return "Move each tensor to data[0]'s device with .to(data[0].device) before adding it."
+        return _("Move each tensor to data[0]'s device with .to(data[0].device) before adding it.")
     return None

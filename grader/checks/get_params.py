@@ -18,8 +18,9 @@ from grader.api import (
     seeded,
     short,
 )
+from grader.i18n import N_, _
 
-SAME_TENSOR_HINT = (
+SAME_TENSOR_HINT = N_(
     "`.to(device)` returns the very same tensor when it is already on that device, so the "
     "copies share memory with the originals (and with each other): every device would train "
     "one model. Copy explicitly, e.g. with .clone() after .detach()."
@@ -29,8 +30,17 @@ SAME_TENSOR_HINT = (
 def copies_of(seen, count: int = 8) -> list[SeenTensor]:
     """Return the copies as a list of tensors, or fail saying what came back instead."""
     if not (isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen)):
-        raise Fail(f"get_params returned {short(seen)}, expected a list of {count} tensors")
-    expect(len(seen) == count, f"get_params returned {len(seen)} tensors for {count} parameters")
+        raise Fail(
+            _("get_params returned {got}, expected a list of {count} tensors").format(
+                got=short(seen), count=count
+            )
+        )
+    expect(
+        len(seen) == count,
+        _("get_params returned {got} tensors for {count} parameters").format(
+            got=len(seen), count=count
+        ),
+    )
     return list(seen)
 
 
@@ -82,7 +92,10 @@ def returns_one_copy_per_parameter(seen, ctx):
     copies = copies_of(seen["copies"])
     for i, (c, p) in enumerate(zip(copies, dplab.lenet_params(seed=ctx.seed), strict=True)):
         expect(
-            c.shape == tuple(p.shape), f"copy {i} has shape {c.shape}, expected {tuple(p.shape)}"
+            c.shape == tuple(p.shape),
+            _("copy {i} has shape {got}, expected {wanted}").format(
+                i=i, got=c.shape, wanted=tuple(p.shape)
+            ),
         )
 
 
@@ -92,7 +105,7 @@ def returns_one_copy_per_parameter(seen, ctx):
 def copies_hold_the_same_values(seen, ctx):
     """Each copy holds its parameter's values."""
     for i, (c, p) in enumerate(zip(seen["copies"], dplab.lenet_params(seed=ctx.seed), strict=True)):
-        expect_close(c, p, f"copy {i}", rtol=0, atol=0)
+        expect_close(c, p, _("copy {i}").format(i=i), rtol=0, atol=0)
 
 
 @check(
@@ -104,9 +117,9 @@ def copies_hold_the_same_values(seen, ctx):
 def b1_is_twenty_zeros_with_no_grad(seen, ctx):
     """The book's demo: the copy of b1 is 20 zeros and its grad is None."""
     b1 = seen["copies"][1]
-    expect_equal(b1, torch.zeros(20), "the copy of b1")
+    expect_equal(b1, torch.zeros(20), _("the copy of b1"))
     if b1.grad is not None:
-        raise Fail(f"the copy of b1 already has a grad: {short(b1.grad)}")
+        raise Fail(_("the copy of b1 already has a grad: {grad}").format(grad=short(b1.grad)))
 
 
 @check(
@@ -119,7 +132,10 @@ def copies_are_on_the_device(seen, ctx):
     """Every copy lives on the device it was asked for."""
     wanted = str(ctx.devices[1])
     for i, c in enumerate(copies_of(seen)):
-        expect(c.device == wanted, f"copy {i} is on {c.device}, expected {wanted}")
+        expect(
+            c.device == wanted,
+            _("copy {i} is on {got}, expected {wanted}").format(i=i, got=c.device, wanted=wanted),
+        )
 
 
 @check(
@@ -131,9 +147,15 @@ def copies_are_on_the_device(seen, ctx):
 def copies_are_leaves_that_require_grad(seen, ctx):
     """Each copy is a leaf tensor that requires grad and has no grad yet."""
     for i, c in enumerate(seen["copies"]):
-        expect(c.requires_grad, f"copy {i} does not require grad, so SGD would never update it")
-        expect(c.is_leaf, f"copy {i} is not a leaf tensor: its .grad stays None after backward")
-        expect(c.grad is None, f"copy {i} already has a grad")
+        expect(
+            c.requires_grad,
+            _("copy {i} does not require grad, so SGD would never update it").format(i=i),
+        )
+        expect(
+            c.is_leaf,
+            _("copy {i} is not a leaf tensor: its .grad stays None after backward").format(i=i),
+        )
+        expect(c.grad is None, _("copy {i} already has a grad").format(i=i))
 
 
 @check(
@@ -144,11 +166,11 @@ def copies_are_independent_of_the_originals(seen, ctx):
     originals = seen["originals"]
     for i, (c, p) in enumerate(zip(copies_of(seen["copies"]), originals, strict=True)):
         if c.ptr == p.ptr or c.ident == p.ident:
-            raise Fail(f"copy {i} is the original tensor itself (same memory)")
+            raise Fail(_("copy {i} is the original tensor itself (same memory)").format(i=i))
         expect_close(
             p,
             dplab.lenet_params(seed=ctx.seed)[i],
-            f"original {i} after changing its copy",
+            _("original {i} after changing its copy").format(i=i),
             rtol=0,
             atol=0,
         )
@@ -163,10 +185,12 @@ def copies_are_independent_of_the_originals(seen, ctx):
 def originals_are_left_untouched(seen, ctx):
     """The parameters passed in keep their values and still do not require grad."""
     for i, p in enumerate(seen["originals"]):
-        expect(isinstance(p, SeenTensor), f"original {i} is no longer a tensor")
+        expect(isinstance(p, SeenTensor), _("original {i} is no longer a tensor").format(i=i))
         expect(
             not p.requires_grad,
-            f"original {i} now requires grad: get_params changed the tensor it was given",
+            _("original {i} now requires grad: get_params changed the tensor it was given").format(
+                i=i
+            ),
             SAME_TENSOR_HINT,
         )
 
@@ -183,15 +207,15 @@ def gradients_reach_the_copies(seen, ctx):
     X, y = random_batch(seeded(ctx.seed), 4)
     lenet_loss(dplab.lenet(X, params), y).sum().backward()
     for i, (c, p) in enumerate(zip(copies_of(seen), params, strict=True)):
-        expect(c.grad is not None, f"copy {i} has no grad after backward")
-        expect_close(c.grad, p.grad, f"the grad of copy {i}")
+        expect(c.grad is not None, _("copy {i} has no grad after backward").format(i=i))
+        expect_close(c.grad, p.grad, _("the grad of copy {i}").format(i=i))
 
 
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "require_grad_" in raised.message:
-        return "The method is requires_grad_(), with an s."
+        return _("The method is requires_grad_(), with an s.")
     if raised.type == "TypeError" and "list" in raised.message and "device" in raised.message:
-        return "get_params takes one device (not a list) and returns one list of copies."
+        return _("get_params takes one device (not a list) and returns one list of copies.")
     return None

@@ -13,6 +13,7 @@ from grader.api import (
     expect_equal,
     short,
 )
+from grader.i18n import _
 
 UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
 
@@ -20,14 +21,22 @@ UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
 def shards_of(seen, what: str) -> list[SeenTensor]:
     """Return a list of shards, or fail saying what came back instead."""
     if not (isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen)):
-        raise Fail(f"the {what} shards came back as {short(seen)}, expected a sequence of tensors")
+        raise Fail(
+            _("the {what} shards came back as {got}, expected a sequence of tensors").format(
+                what=what, got=short(seen)
+            )
+        )
     return list(seen)
 
 
 def pair_of(seen) -> tuple[list[SeenTensor], list[SeenTensor]]:
     """Return (X shards, y shards) from split_batch's result."""
     if not (isinstance(seen, list | tuple) and len(seen) == 2):
-        raise Fail(f"split_batch returned {short(seen)}, expected a pair (X shards, y shards)")
+        raise Fail(
+            _("split_batch returned {got}, expected a pair (X shards, y shards)").format(
+                got=short(seen)
+            )
+        )
     return shards_of(seen[0], "X"), shards_of(seen[1], "y")
 
 
@@ -82,9 +91,9 @@ def book_demo_gives_rows_0_1_and_2_3(seen, ctx):
     """torch.arange(20).reshape(4, 5) over two devices gives rows 0-1 and rows 2-3."""
     xs, ys = pair_of(seen)
     data = torch.arange(20).reshape(4, 5)
-    expect(len(xs) == 2, f"it made {len(xs)} X shards for 2 devices")
-    expect_equal(xs[0], data[:2], "the first X shard")
-    expect_equal(xs[1], data[2:], "the second X shard")
+    expect(len(xs) == 2, _("it made {count} X shards for 2 devices").format(count=len(xs)))
+    expect_equal(xs[0], data[:2], _("the first X shard"))
+    expect_equal(xs[1], data[2:], _("the second X shard"))
 
 
 @check(
@@ -96,12 +105,14 @@ def book_demo_gives_rows_0_1_and_2_3(seen, ctx):
 def shard_sizes_follow_torch_chunk(seen, ctx):
     """Shard sizes are those of torch.chunk: 5 over 2 gives 3 and 2."""
     for (rows, k), result in zip(UNEVEN, seen, strict=True):
-        xs, _ = pair_of(result)
+        xs, _ys = pair_of(result)
         sizes = [x.shape[0] if x.shape else 0 for x in xs]
         wanted = [len(c) for c in torch.chunk(torch.arange(rows), k)]
         expect(
             sizes == wanted,
-            f"{rows} rows over {k} devices gave shards of {sizes}, expected {wanted}",
+            _("{rows} rows over {k} devices gave shards of {sizes}, expected {wanted}").format(
+                rows=rows, k=k, sizes=sizes, wanted=wanted
+            ),
         )
 
 
@@ -114,10 +125,12 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
 def shards_keep_the_row_order(seen, ctx):
     """Put back together, the X shards are the batch, row for row."""
     for (rows, k), result in zip(UNEVEN, seen, strict=True):
-        xs, _ = pair_of(result)
+        xs, _ys = pair_of(result)
         joined = torch.cat([x.value for x in xs])
         expect_equal(
-            joined, numbered_batch(rows)[0], f"{rows} rows over {k} devices, shards joined"
+            joined,
+            numbered_batch(rows)[0],
+            _("{rows} rows over {k} devices, shards joined").format(rows=rows, k=k),
         )
 
 
@@ -133,11 +146,17 @@ def labels_stay_with_their_examples(seen, ctx):
         xs, ys = pair_of(result)
         expect(
             len(ys) == len(xs),
-            f"{rows} rows over {k} devices: {len(xs)} X shards but {len(ys)} y shards",
+            _("{rows} rows over {k} devices: {xs} X shards but {ys} y shards").format(
+                rows=rows, k=k, xs=len(xs), ys=len(ys)
+            ),
         )
         for i, (x, yy) in enumerate(zip(xs, ys, strict=True)):
             rows_here = x.value[:, 0, 0, 0].long() + 100
-            expect_equal(yy, rows_here, f"{rows} rows over {k} devices, y shard {i}")
+            expect_equal(
+                yy,
+                rows_here,
+                _("{rows} rows over {k} devices, y shard {i}").format(rows=rows, k=k, i=i),
+            )
 
 
 @check(
@@ -155,7 +174,10 @@ def shards_land_on_their_devices(seen, ctx):
             got = [s.device for s in shards]
             expect(
                 got == wanted,
-                f"{rows} rows over {k} devices: the {name} shards are on {got}, expected {wanted}",
+                _(
+                    "{rows} rows over {k} devices: the {name} shards are on {got}, "
+                    "expected {wanted}"
+                ).format(rows=rows, k=k, name=name, got=got, wanted=wanted),
             )
 
 
@@ -171,12 +193,16 @@ def rejects_mismatched_lengths_with_a_message(seen, ctx):
     """Four examples with three labels raise an error whose message says what is wrong."""
     expect(
         seen["raised"] is not None,
-        "4 examples with 3 labels were split without complaint; the shards would pair "
-        "examples with the wrong labels",
+        _(
+            "4 examples with 3 labels were split without complaint; the shards would pair "
+            "examples with the wrong labels"
+        ),
     )
     expect(
         seen["message"].strip() != "",
-        f"it raised {seen['raised']} with an empty message; say what did not match",
+        _("it raised {error} with an empty message; say what did not match").format(
+            error=seen["raised"]
+        ),
     )
 
 
@@ -184,7 +210,7 @@ def rejects_mismatched_lengths_with_a_message(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Expected a non cpu device" in raised.message:
-        return (
+        return _(
             "nn.parallel.scatter needs GPUs or the lab's stand-in devices, and these devices "
             "are the CPU (DPLAB_DEVICES=cpu): use d2l.scatter(X, devices), which splits the "
             "same way on any device."
@@ -193,5 +219,5 @@ def diagnose(raised):
         raised.type == "AttributeError"
         and "'Tensor' object has no attribute 'devices'" in raised.message
     ):
-        return "Look for a '.' typed where a ',' was meant, as in `y. devices`."
+        return _("Look for a '.' typed where a ',' was meant, as in `y. devices`.")
     return None

@@ -29,11 +29,12 @@ from grader.api import (
     seeded,
     which_replica,
 )
+from grader.i18n import N_, _
 
 LR = 0.1
 SCALE = 0.1  # larger than the book's 0.01, so that every layer's update is clearly visible
 NAMES = ["W1", "b1", "W2", "b2", "W3", "b3", "W4", "b4"]
-ORDER_HINT = "Follow the book's order: split, loss and backward per device, all-reduce, update."
+ORDER_HINT = N_("Follow the book's order: split, loss and backward per device, all-reduce, update.")
 
 
 def start(seed: int) -> list[torch.Tensor]:
@@ -59,7 +60,7 @@ def random_steps(student, ctx, n: int, k: int, steps: int = 1) -> dict:
 
     gen = seeded(ctx.seed)
     with student.replaced(lenet=lenet):
-        for _ in range(steps):
+        for _step in range(steps):
             X, y = random_batch(gen, n)
             student.fn(X, y, replicas, devices, LR)
     return {"replicas": replicas, "forwards": forwards}
@@ -76,7 +77,7 @@ def expected_after(seed: int, n: int, steps: int = 1) -> list[torch.Tensor]:
     """Return the parameters after `steps` plain single-device SGD steps on whole batches."""
     params = start(seed)
     gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
+    for _step in range(steps):
         X, y = random_batch(gen, n)
         params = [p - LR * g / n for p, g in zip(params, gradients(params, X, y), strict=True)]
     return params
@@ -107,16 +108,25 @@ def mistakes_after(seed: int, n: int, k: int) -> dict[str, list[list[torch.Tenso
 
 
 MISTAKE_HINTS = {
-    "no_allreduce": "Each replica moved by its own shard's gradient only, so the replicas "
-    "drift apart: all-reduce every parameter's gradients across the devices before updating.",
-    "shard_size": "The update was divided by the shard size; after the all-reduce each gradient "
-    "sums over the whole batch, so divide by the whole batch size, X.shape[0].",
-    "mean_loss": "Each device averaged its loss; sum the per-example losses on each device "
-    "(.sum()) and let the update divide by the whole batch size once.",
-    "no_division": "The update was not divided by the batch size: use d2l.sgd(param, lr, "
-    "X.shape[0]).",
-    "no_update": "The parameters did not change: call backward on each device's loss, "
-    "then update every replica with d2l.sgd.",
+    "no_allreduce": N_(
+        "Each replica moved by its own shard's gradient only, so the replicas "
+        "drift apart: all-reduce every parameter's gradients across the devices before updating."
+    ),
+    "shard_size": N_(
+        "The update was divided by the shard size; after the all-reduce each gradient "
+        "sums over the whole batch, so divide by the whole batch size, X.shape[0]."
+    ),
+    "mean_loss": N_(
+        "Each device averaged its loss; sum the per-example losses on each device "
+        "(.sum()) and let the update divide by the whole batch size once."
+    ),
+    "no_division": N_(
+        "The update was not divided by the batch size: use d2l.sgd(param, lr, X.shape[0])."
+    ),
+    "no_update": N_(
+        "The parameters did not change: call backward on each device's loss, "
+        "then update every replica with d2l.sgd."
+    ),
 }
 
 
@@ -130,8 +140,10 @@ def replicas_of(seen, k: int) -> list[list[SeenTensor]]:
     )
     expect(
         ok,
-        "device_params no longer holds one list of eight tensors per device: "
-        "update the replicas in place",
+        _(
+            "device_params no longer holds one list of eight tensors per device: "
+            "update the replicas in place"
+        ),
     )
     return seen
 
@@ -160,7 +172,7 @@ def expect_plain_sgd(seen, ctx, n: int, k: int, steps: int = 1) -> None:
                 expect_close(
                     got.value.double() - p0.double(),
                     (want - p0).double(),
-                    f"the update of {NAMES[i]} on device {r}",
+                    _("the update of {name} on device {r}").format(name=NAMES[i], r=r),
                     rtol=1e-3,
                     atol=1e-7,
                 )
@@ -207,7 +219,10 @@ def replicas_stay_identical(seen, ctx):
     first = seen["replicas"][0]
     for r, replica in enumerate(seen["replicas"][1:], start=1):
         for i, (a, b) in enumerate(zip(first, replica, strict=True)):
-            expect(torch.equal(a.value, b.value), f"{NAMES[i]} differs between device 0 and {r}")
+            expect(
+                torch.equal(a.value, b.value),
+                _("{name} differs between device 0 and {r}").format(name=NAMES[i], r=r),
+            )
 
 
 @check(
@@ -221,7 +236,11 @@ def gradients_are_zeroed_after_the_step(seen, ctx):
     for r, replica in enumerate(seen["replicas"]):
         for i, t in enumerate(replica):
             if t.grad is not None and bool(t.grad.value.abs().max() > 0):
-                raise Fail(f"the grad of {NAMES[i]} on device {r} is not zero after the step")
+                raise Fail(
+                    _("the grad of {name} on device {r} is not zero after the step").format(
+                        name=NAMES[i], r=r
+                    )
+                )
 
 
 @check(
@@ -237,8 +256,10 @@ def each_device_runs_its_replica_on_its_shard(seen, ctx):
     got = sorted(seen["forwards"])
     expect(
         got == wanted,
-        "the forward passes ran as [device, rows, replica] "
-        f"{got}, expected {wanted}: each device its own shard with its own replica",
+        _(
+            "the forward passes ran as [device, rows, replica] {got}, expected {wanted}: "
+            "each device its own shard with its own replica"
+        ).format(got=got, wanted=wanted),
     )
 
 
@@ -257,16 +278,16 @@ def two_steps_match_two_sgd_steps(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "NoneType" in raised.message:
-        return (
+        return _(
             "A gradient is None: call .backward() on every device's loss before "
             "all-reducing the gradients."
         )
     if "Expected a non cpu device" in raised.message:
-        return "split_batch uses nn.parallel.scatter, which refuses the CPU: use d2l.scatter."
+        return _("split_batch uses nn.parallel.scatter, which refuses the CPU: use d2l.scatter.")
     if "Expected all tensors to be on the same device" in raised.message:
-        return (
+        return _(
             "Use device_params[i] with the shard on devices[i]: zip shards, replicas and devices."
         )
     if "does not require grad" in raised.message:
-        return "The replicas must require grad: they come from get_params."
+        return _("The replicas must require grad: they come from get_params.")
     return None

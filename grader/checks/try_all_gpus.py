@@ -1,6 +1,7 @@
 """Public checks of `try_all_gpus()`: every GPU, or `[cpu]` when there is none."""
 
 from grader.api import case, check, expect, pretend_gpus
+from grader.i18n import _
 
 
 def listing(student) -> dict:
@@ -16,12 +17,21 @@ def listing(student) -> dict:
 
 def expect_listing(seen: dict, wanted: list[str], setting: str) -> None:
     """Fail unless try_all_gpus gave a list of exactly these devices."""
-    expect(seen["devices"] is not None, f"it returned a {seen['kind']}, expected a list of devices")
     expect(
-        seen["devices"] == wanted, f"with {setting} it gave {seen['devices']}, expected {wanted}"
+        seen["devices"] is not None,
+        _("it returned a {kind}, expected a list of devices").format(kind=seen["kind"]),
+    )
+    expect(
+        seen["devices"] == wanted,
+        _("with {setting} it gave {got}, expected {wanted}").format(
+            setting=setting, got=seen["devices"], wanted=wanted
+        ),
     )
     for kind in seen["kinds"]:
-        expect(kind == "device", f"the list holds a {kind}, expected torch.device objects")
+        expect(
+            kind == "device",
+            _("the list holds a {kind}, expected torch.device objects").format(kind=kind),
+        )
 
 
 @case
@@ -42,7 +52,7 @@ no_gpu = listing_with_gpus.using("no_gpu", "Pretend there is no GPU.", gpus=0)
 )
 def lists_every_gpu(seen, ctx):
     """With three GPUs it lists cuda:0, cuda:1 and cuda:2, in order."""
-    expect_listing(seen, ["cuda:0", "cuda:1", "cuda:2"], "3 GPUs")
+    expect_listing(seen, ["cuda:0", "cuda:1", "cuda:2"], _("3 GPUs"))
 
 
 @check(
@@ -53,4 +63,4 @@ def lists_every_gpu(seen, ctx):
 )
 def gives_the_cpu_when_there_is_no_gpu(seen, ctx):
     """With no GPU it returns [cpu], not an empty list."""
-    expect_listing(seen, ["cpu"], "no GPU")
+    expect_listing(seen, ["cpu"], _("no GPU"))

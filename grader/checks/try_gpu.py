@@ -1,6 +1,7 @@
 """Public checks of `try_gpu(i=0)`: GPU `i` when it exists, otherwise the CPU."""
 
 from grader.api import attempt, case, check, expect, pretend_gpus, returned
+from grader.i18n import _
 
 
 def expect_devices(calls: list[dict], wanted: list[str], setting: str, asked: str) -> None:
@@ -8,10 +9,15 @@ def expect_devices(calls: list[dict], wanted: list[str], setting: str, asked: st
     got = [returned(c) for c in calls]  # a call that raised fails this check, not the others
     expect(
         [g["device"] for g in got] == wanted,
-        f"with {setting}, {asked} gave {[g['device'] for g in got]}, expected {wanted}",
+        _("with {setting}, {asked} gave {got}, expected {wanted}").format(
+            setting=setting, asked=asked, got=[g["device"] for g in got], wanted=wanted
+        ),
     )
     for g in got:
-        expect(g["kind"] == "device", f"it returned a {g['kind']}, expected a torch.device")
+        expect(
+            g["kind"] == "device",
+            _("it returned a {kind}, expected a torch.device").format(kind=g["kind"]),
+        )
 
 
 def describe(call: dict) -> dict:
@@ -48,7 +54,7 @@ def returns_gpu_i_when_it_exists(seen, ctx):
     """With four GPUs, try_gpu(0), try_gpu(3) and try_gpu() give cuda:0, cuda:3 and cuda:0."""
     picked = [seen[i] for i in (0, 1, 4)]
     expect_devices(
-        picked, ["cuda:0", "cuda:3", "cuda:0"], "4 GPUs", "try_gpu(0), try_gpu(3), try_gpu()"
+        picked, ["cuda:0", "cuda:3", "cuda:0"], _("4 GPUs"), "try_gpu(0), try_gpu(3), try_gpu()"
     )
 
 
@@ -60,4 +66,4 @@ def returns_gpu_i_when_it_exists(seen, ctx):
 )
 def returns_cpu_when_gpu_i_is_missing(seen, ctx):
     """With four GPUs, try_gpu(4) and try_gpu(7) give the CPU."""
-    expect_devices(seen[2:4], ["cpu", "cpu"], "4 GPUs", "try_gpu(4), try_gpu(7)")
+    expect_devices(seen[2:4], ["cpu", "cpu"], _("4 GPUs"), "try_gpu(4), try_gpu(7)")

@@ -4,6 +4,7 @@ import torch
 
 from grader.api import check, expect_close, expect_equal
 from grader.checks.allreduce import REBIND_HINT, all_finished, given_lists, rebound
+from grader.i18n import _
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int16]
 
@@ -12,7 +13,7 @@ def random_lists(seed: int) -> list[list[torch.Tensor]]:
     """Return five lists of 2 to 8 tensors, each list with a random shape and dtype."""
     gen = torch.Generator().manual_seed(seed)
     lists = []
-    for _ in range(5):
+    for _list in range(5):
         k = int(torch.randint(2, 9, (1,), generator=gen))
         shape = tuple(
             int(s)
@@ -48,10 +49,13 @@ def matches_the_reference_on_random_lists(seen, ctx):
     for ts, outcome in zip(random_lists(ctx.seed), seen, strict=True):
         expected = [t.clone() for t in ts]
         ctx.reference["allreduce"](expected)
-        what = f"{len(ts)} {ts[0].dtype} tensors of shape {tuple(ts[0].shape)}"
+        what = _("{count} {dtype} tensors of shape {shape}").format(
+            count=len(ts), dtype=ts[0].dtype, shape=tuple(ts[0].shape)
+        )
         hint = REBIND_HINT if rebound(outcome) else None
         for i, (t, e) in enumerate(zip(outcome["given"], expected, strict=True)):
+            label = _("{what}: tensor {i}").format(what=what, i=i)
             if e.is_floating_point():
-                expect_close(t, e, f"{what}: tensor {i}", hint, rtol=1e-5, atol=1e-5)
+                expect_close(t, e, label, hint, rtol=1e-5, atol=1e-5)
             else:
-                expect_equal(t, e, f"{what}: tensor {i}", hint)
+                expect_equal(t, e, label, hint)

@@ -3,6 +3,7 @@
 import dplab
 from grader.api import check, expect, expect_close
 from grader.checks.get_params import SAME_TENSOR_HINT, copies_of, copy_in_place_then_change
+from grader.i18n import _
 
 parameters_that_require_grad = copy_in_place_then_change.using(
     "parameters_that_require_grad",
@@ -18,7 +19,13 @@ def copies_trainable_parameters_independently(seen, ctx):
     """Parameters that already require grad still get independent leaf copies."""
     expected = dplab.lenet_params(seed=ctx.seed)
     for i, (c, p) in enumerate(zip(copies_of(seen["copies"]), seen["originals"], strict=True)):
-        expect(c.is_leaf and c.requires_grad, f"copy {i} is not a leaf that requires grad")
-        expect(c.ptr != p.ptr, f"copy {i} shares memory with its original")
-        expect_close(p, expected[i], f"original {i} after changing its copy", rtol=0, atol=0)
-        expect_close(c, (expected[i] + 1) * 2, f"copy {i} after changing it", rtol=0, atol=0)
+        expect(
+            c.is_leaf and c.requires_grad,
+            _("copy {i} is not a leaf that requires grad").format(i=i),
+        )
+        expect(c.ptr != p.ptr, _("copy {i} shares memory with its original").format(i=i))
+        changed = _("original {i} after changing its copy").format(i=i)
+        expect_close(p, expected[i], changed, rtol=0, atol=0)
+        expect_close(
+            c, (expected[i] + 1) * 2, _("copy {i} after changing it").format(i=i), rtol=0, atol=0
+        )

@@ -4,13 +4,14 @@ import torch
 
 from grader.api import check, expect, expect_equal
 from grader.checks.split_batch import given_batches, pair_of
+from grader.i18n import _
 
 
 def random_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """Return four (X, y, number of devices) with 2 to 40 rows over 2 to 4 devices."""
     gen = torch.Generator().manual_seed(seed)
     batches = []
-    for _ in range(4):
+    for _batch in range(4):
         rows = int(torch.randint(2, 41, (1,), generator=gen))
         k = int(torch.randint(2, 5, (1,), generator=gen))
         batches.append(
@@ -38,8 +39,11 @@ def matches_the_reference_on_random_batches(seen, ctx):
         want_x, want_y = ctx.reference["split_batch"](X, y, [torch.device("cpu")] * k)
         expect(
             len(xs) == len(want_x),
-            f"{len(X)} rows over {k} devices gave {len(xs)} shards, expected {len(want_x)}",
+            _("{rows} rows over {k} devices gave {got} shards, expected {wanted}").format(
+                rows=len(X), k=k, got=len(xs), wanted=len(want_x)
+            ),
         )
         for i, (a, b, c, d) in enumerate(zip(xs, want_x, ys, want_y, strict=True)):
-            expect_equal(a, b, f"{len(X)} rows over {k} devices, X shard {i}")
-            expect_equal(c, d, f"{len(X)} rows over {k} devices, y shard {i}")
+            where = {"rows": len(X), "k": k, "i": i}
+            expect_equal(a, b, _("{rows} rows over {k} devices, X shard {i}").format(**where))
+            expect_equal(c, d, _("{rows} rows over {k} devices, y shard {i}").format(**where))

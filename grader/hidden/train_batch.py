@@ -4,6 +4,7 @@ import torch
 
 from grader.api import check, expect_close, random_batch, seeded
 from grader.checks.train_batch import LR, NAMES, random_steps, replicas_of, start
+from grader.i18n import _
 
 four_replicas = random_steps.using(
     "four_replicas", "One step on 10 random examples over four devices (3, 3, 3 and 1).", n=10, k=4
@@ -24,4 +25,5 @@ def matches_the_reference_on_four_devices(seen, ctx):
     ctx.reference["train_batch"](X, y, wanted, devices, LR)
     for r, (got, want) in enumerate(zip(replicas, wanted, strict=True)):
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            expect_close(a, b.detach(), f"{NAMES[i]} on device {r}", rtol=1e-4, atol=1e-6)
+            what = _("{name} on device {r}").format(name=NAMES[i], r=r)
+            expect_close(a, b.detach(), what, rtol=1e-4, atol=1e-6)

@@ -2,6 +2,7 @@
 
 from grader.api import check
 from grader.checks.try_all_gpus import expect_listing, listing_with_gpus
+from grader.i18n import _
 
 one_gpu = listing_with_gpus.using("one_gpu", "Pretend there is exactly one GPU.", gpus=1)
 
@@ -9,4 +10,4 @@ one_gpu = listing_with_gpus.using("one_gpu", "Pretend there is exactly one GPU."
 @check(one_gpu, points=1, hint="With one GPU the list is [cuda:0], without the CPU.")
 def lists_the_single_gpu(seen, ctx):
     """With one GPU it returns [cuda:0]."""
-    expect_listing(seen, ["cuda:0"], "1 GPU")
+    expect_listing(seen, ["cuda:0"], _("1 GPU"))

@@ -2,6 +2,7 @@
 
 from grader.api import check
 from grader.checks.try_gpu import ask_with_gpus, expect_devices
+from grader.i18n import _
 
 no_gpu = ask_with_gpus.using("no_gpu", "Pretend there is no GPU at all.", gpus=0, indices=[0, 1])
 
@@ -9,4 +10,4 @@ no_gpu = ask_with_gpus.using("no_gpu", "Pretend there is no GPU at all.", gpus=0
 @check(no_gpu, points=1, hint="On a machine without GPUs every index gives torch.device('cpu').")
 def returns_cpu_on_a_machine_without_gpus(seen, ctx):
     """Without GPUs, try_gpu(0), try_gpu(1) and try_gpu() give the CPU."""
-    expect_devices(seen, ["cpu", "cpu", "cpu"], "no GPU", "try_gpu(0), try_gpu(1), try_gpu()")
+    expect_devices(seen, ["cpu", "cpu", "cpu"], _("no GPU"), "try_gpu(0), try_gpu(1), try_gpu()")
