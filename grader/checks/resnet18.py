@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from grader.api import Fail, attempt, case, check, error_hints, expect, returned, seeded
+from grader.i18n import _
 
 PARAMETERS = 11_175_818  # in all, for 10 classes
 STEM_PARAMETERS = 64 * 1 * 3 * 3 + 64 + 2 * 64  # the 3x3 convolution and its batch norm
@@ -40,7 +41,7 @@ def describe(net: nn.Module) -> dict:
     """Note the network's size, top-level names, stem and residual shortcuts."""
     children = list(net.named_children())
     stem = []
-    for _, m in children[: stem_length(net)]:
+    for _name, m in children[: stem_length(net)]:
         entry = {"type": type(m).__name__}
         if isinstance(m, nn.Conv2d):
             entry.update(
@@ -65,7 +66,7 @@ def describe(net: nn.Module) -> dict:
             ]
     return {
         "parameters": count(net),
-        "after_the_stem": sum(count(m) or 0 for _, m in children[stem_length(net) :]),
+        "after_the_stem": sum(count(m) or 0 for _name, m in children[stem_length(net) :]),
         "names": [name for name, _ in children],
         "stem": stem,
         "max_pools": sum(isinstance(m, nn.MaxPool2d) for m in net.modules()),
@@ -99,7 +100,7 @@ def layers(net: nn.Module) -> list[list]:
     """Return [type, parameter shapes] for every module after the stem, in order."""
     return [
         [type(m).__name__, [list(p.shape) for p in m.parameters(recurse=False)]]
-        for _, top in list(net.named_children())[stem_length(net) :]
+        for _name, top in list(net.named_children())[stem_length(net) :]
         for m in top.modules()
     ]
 
@@ -126,8 +127,10 @@ def stages_and_classifier_have_the_books_parameter_count(seen, ctx):
     wanted = PARAMETERS - STEM_PARAMETERS
     expect(
         got == wanted,
-        f"its stages, pooling and classifier have {got:,} parameters, expected {wanted:,} "
-        f"({PARAMETERS:,} with the stem)",
+        _(
+            "its stages, pooling and classifier have {got} parameters, expected {wanted} "
+            "({total} with the stem)"
+        ).format(got=f"{got:,}", wanted=f"{wanted:,}", total=f"{PARAMETERS:,}"),
     )
 
 
@@ -142,7 +145,9 @@ def names_its_stages_like_the_book(seen, ctx):
     names = seen["layout"]["names"]
     expect(
         [n for n in names if n in NAMED] == NAMED,
-        f"its top-level modules are {names}; expected the stem, then {NAMED}",
+        _("its top-level modules are {names}; expected the stem, then {named}").format(
+            names=names, named=NAMED
+        ),
     )
 
 
@@ -158,27 +163,40 @@ def stem_is_3x3_stride_1_without_max_pooling(seen, ctx):
     types = [s["type"] for s in stem]
     if stem and stem[0].get("kernel") == [7, 7] and "MaxPool2d" in types:
         raise Fail(
-            "the stem is the ImageNet one: a 7x7 convolution of stride 2 and a max-pooling "
-            "layer, which shrink a 28x28 image to 7x7 before the first stage",
-            "That stem is from the book's ResNet chapter, for 224x224 images; for 28x28 "
-            "Fashion-MNIST the book uses Conv2d(in_channels, 64, kernel_size=3, stride=1, "
-            "padding=1), BatchNorm2d(64) and ReLU, and no max-pooling.",
+            _(
+                "the stem is the ImageNet one: a 7x7 convolution of stride 2 and a max-pooling "
+                "layer, which shrink a 28x28 image to 7x7 before the first stage"
+            ),
+            _(
+                "That stem is from the book's ResNet chapter, for 224x224 images; for 28x28 "
+                "Fashion-MNIST the book uses Conv2d(in_channels, 64, kernel_size=3, stride=1, "
+                "padding=1), BatchNorm2d(64) and ReLU, and no max-pooling."
+            ),
         )
     expect(
         types == ["Conv2d", "BatchNorm2d", "ReLU"],
-        f"the stem is {types}, expected ['Conv2d', 'BatchNorm2d', 'ReLU']",
+        _("the stem is {types}, expected ['Conv2d', 'BatchNorm2d', 'ReLU']").format(types=types),
     )
     conv = stem[0]
     got = (conv["kernel"], conv["stride"], conv["padding"], conv["channels"])
     expect(
         got == ([3, 3], [1, 1], [1, 1], [1, 64]),
-        f"the first convolution has kernel {conv['kernel']}, stride {conv['stride']}, padding "
-        f"{conv['padding']} and channels {conv['channels']}; expected 3x3, stride 1, padding 1, "
-        "1 to 64",
+        _(
+            "the first convolution has kernel {kernel}, stride {stride}, padding "
+            "{padding} and channels {channels}; expected 3x3, stride 1, padding 1, "
+            "1 to 64"
+        ).format(
+            kernel=conv["kernel"],
+            stride=conv["stride"],
+            padding=conv["padding"],
+            channels=conv["channels"],
+        ),
     )
     expect(
         seen["layout"]["max_pools"] == 0,
-        f"it has {seen['layout']['max_pools']} max-pooling layer(s), expected none",
+        _("it has {count} max-pooling layer(s), expected none").format(
+            count=seen["layout"]["max_pools"]
+        ),
     )
 
 
@@ -193,24 +211,35 @@ def shortcuts_only_where_the_shape_changes(seen, ctx):
     stages = seen["layout"]["stages"]
     for number in range(1, 5):
         blocks = stages.get(f"resnet_block{number}", [])
-        expect(len(blocks) == 2, f"resnet_block{number} has {len(blocks)} blocks, expected 2")
+        expect(
+            len(blocks) == 2,
+            _("resnet_block{number} has {count} blocks, expected 2").format(
+                number=number, count=len(blocks)
+            ),
+        )
         first, second = blocks
         if number == 1:
             expect(
                 not first["shortcut"] and first["stride"] == [1, 1],
-                "the first block of resnet_block1 changes shape; the first stage keeps 64 "
-                "channels and the full resolution",
+                _(
+                    "the first block of resnet_block1 changes shape; the first stage keeps 64 "
+                    "channels and the full resolution"
+                ),
             )
         else:
             expect(
                 first["shortcut"]
                 and first["shortcut_kernel"] == [1, 1]
                 and first["stride"] == [2, 2],
-                f"the first block of resnet_block{number} needs a 1x1 shortcut and stride 2",
+                _(
+                    "the first block of resnet_block{number} needs a 1x1 shortcut and stride 2"
+                ).format(number=number),
             )
         expect(
             not second["shortcut"],
-            f"the second block of resnet_block{number} has a 1x1 shortcut, expected the identity",
+            _(
+                "the second block of resnet_block{number} has a 1x1 shortcut, expected the identity"
+            ).format(number=number),
         )
 
 
@@ -223,7 +252,10 @@ def shortcuts_only_where_the_shape_changes(seen, ctx):
 def classifies_28x28_images(seen, ctx):
     """Two 28x28 grey images give a 2x10 output."""
     out = returned(seen)
-    expect(out == [2, 10], f"the output has shape {out}, expected [2, 10]")
+    expect(
+        out == [2, 10],
+        _("the output has shape {got}, expected {wanted}").format(got=out, wanted=[2, 10]),
+    )
 
 
 @check(
@@ -233,17 +265,20 @@ def classifies_28x28_images(seen, ctx):
 )
 def takes_96x96_colour_images_and_any_class_count(seen, ctx):
     """resnet18(7, in_channels=3) maps two 3x96x96 images to a 2x7 output."""
-    expect(seen == [2, 7], f"the output has shape {seen}, expected [2, 7]")
+    expect(
+        seen == [2, 7],
+        _("the output has shape {got}, expected {wanted}").format(got=seen, wanted=[2, 7]),
+    )
 
 
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Residual" in raised.message and "argument" in raised.message:
-        return (
+        return _(
             "d2l.Residual takes (input_channels, num_channels, use_1x1conv=False, strides=1) "
             "as in d2l 2.0, or (num_channels, use_1x1conv=False, strides=1) as in d2l 1.0."
         )
     if "list is not a Module subclass" in raised.message:
-        return "Wrap each stage's list of blocks in nn.Sequential(*blocks)."
+        return _("Wrap each stage's list of blocks in nn.Sequential(*blocks).")
     return None

@@ -34,6 +34,7 @@ from grader.api import (
     sample_images,
 )
 from grader.checks.train_loop import expect_history
+from grader.i18n import _
 
 LR = 0.5
 EPOCHS = 10
@@ -159,11 +160,13 @@ def loss_of(weights: dict, batch_norm: bool = True) -> float:
 def the_wrap(seen: dict) -> dict:
     """Return the one nn.DataParallel wrapping of the network, or fail."""
     mine = [w for w in seen["wraps"] if w["is_the_net"]]
-    expect(len(mine) >= 1, "the network was never wrapped in nn.DataParallel")
+    expect(len(mine) >= 1, _("the network was never wrapped in nn.DataParallel"))
     expect(
         len(mine) == 1,
-        f"the network was wrapped in nn.DataParallel {len(mine)} times; "
-        "wrap it once, before the epochs",
+        _(
+            "the network was wrapped in nn.DataParallel {count} times; "
+            "wrap it once, before the epochs"
+        ).format(count=len(mine)),
     )
     return mine[0]
 
@@ -208,7 +211,9 @@ def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
     wrap = the_wrap(seen)
     expect(
         wrap["device_ids"] == seen["devices"],
-        f"nn.DataParallel got device_ids={wrap['device_ids']}, expected {seen['devices']}",
+        _("nn.DataParallel got device_ids={got}, expected {wanted}").format(
+            got=wrap["device_ids"], wanted=seen["devices"]
+        ),
     )
 
 
@@ -225,7 +230,9 @@ def puts_the_net_on_the_first_device_before_wrapping(seen, ctx):
     wanted = [seen["devices"][0]]
     expect(
         wrap["devices_of_parameters"] == wanted,
-        f"when wrapped, the parameters were on {wrap['devices_of_parameters']}, expected {wanted}",
+        _("when wrapped, the parameters were on {got}, expected {wanted}").format(
+            got=wrap["devices_of_parameters"], wanted=wanted
+        ),
     )
 
 
@@ -241,8 +248,9 @@ def initialises_weights_with_std_0_01(seen, ctx):
         w = seen["final"][name].value
         expect(
             0.006 < float(w.std()) < 0.015 and abs(float(w.mean())) < 0.005,
-            f"{name} has mean {float(w.mean()):.4f} and std {float(w.std()):.4f}; "
-            "expected mean 0 and std 0.01",
+            _("{name} has mean {mean} and std {std}; expected mean 0 and std 0.01").format(
+                name=name, mean=f"{float(w.mean()):.4f}", std=f"{float(w.std()):.4f}"
+            ),
         )
 
 
@@ -258,8 +266,10 @@ def loss_falls_on_a_small_fixed_batch(seen, ctx):
     after = loss_of(seen["final"])
     expect(
         after < 0.98 * before,
-        f"the loss on the training images went from {before:.4f} to {after:.4f}; "
-        "expected it to fall by at least 2%",
+        _(
+            "the loss on the training images went from {before} to {after}; "
+            "expected it to fall by at least 2%"
+        ).format(before=f"{before:.4f}", after=f"{after:.4f}"),
     )
 
 
@@ -275,12 +285,14 @@ def every_minibatch_is_split_across_the_devices(seen, ctx):
     for e in seen["log"]:
         if e[0] == "forward" and e[2].startswith("train"):
             ran_on.setdefault(e[2], set()).add(e[3])
-    expect(ran_on, "no training minibatch went through the network")
+    expect(ran_on, _("no training minibatch went through the network"))
     devices = set(seen["devices"])
     for batch, used in sorted(ran_on.items()):
         expect(
             used == devices,
-            f"training {batch} ran on {sorted(used)}, expected a part on each of {sorted(devices)}",
+            _("training {batch} ran on {used}, expected a part on each of {devices}").format(
+                batch=batch, used=sorted(used), devices=sorted(devices)
+            ),
         )
 
 
@@ -295,18 +307,27 @@ def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
     forwards = [e for e in seen["log"] if e[0] == "forward"]
     train = [e for e in forwards if e[2].startswith("train")]
     test = [e for e in forwards if e[2].startswith("test")]
-    expect(len(train) >= 2 * EPOCHS, f"only {len(train)} training forwards for {EPOCHS} epochs")
+    expect(
+        len(train) >= 2 * EPOCHS,
+        _("only {count} training forwards for {epochs} epochs").format(
+            count=len(train), epochs=EPOCHS
+        ),
+    )
     expect(
         all(e[1] for e in train),
-        "some training batches ran in eval mode: call net.train() "
-        "at the start of each epoch, since evaluation switches the network to eval mode",
+        _(
+            "some training batches ran in eval mode: call net.train() "
+            "at the start of each epoch, since evaluation switches the network to eval mode"
+        ),
     )
     expect(
         len(test) >= EPOCHS,
-        f"the test batch went through the network {len(test)} times "
-        f"in {EPOCHS} epochs; evaluate after every epoch",
+        _(
+            "the test batch went through the network {count} times "
+            "in {epochs} epochs; evaluate after every epoch"
+        ).format(count=len(test), epochs=EPOCHS),
     )
-    expect(not any(e[1] for e in test), "the test batch ran in training mode")
+    expect(not any(e[1] for e in test), _("the test batch ran in training mode"))
 
 
 @check(
@@ -324,7 +345,7 @@ def returns_the_accuracy_history(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "module must have its parameters and buffers on device" in raised.message:
-        return "Move the network to devices[0] with net.to(devices[0]) before wrapping it."
+        return _("Move the network to devices[0] with net.to(devices[0]) before wrapping it.")
     if "has no attribute 'clone'" in raised.message:
-        return "Modules have no .clone(); nn.DataParallel makes the replicas for you."
+        return _("Modules have no .clone(); nn.DataParallel makes the replicas for you.")
     return None

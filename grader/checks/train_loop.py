@@ -34,6 +34,7 @@ from grader.api import (
     sample_images,
     which_replica,
 )
+from grader.i18n import _
 
 # The book's summary line, in the English edition and in the Chinese one.
 SUMMARY = re.compile(
@@ -192,15 +193,21 @@ def visits_every_batch_once_per_epoch(seen, ctx):
     got = steps(seen)
     if got != wanted and sorted(got) == sorted(wanted) and got == sorted(got):
         raise Fail(
-            f"train_batch saw {got[:9]}..., expected {wanted[:9]}...",
-            "The loops are swapped: each minibatch is trained for every epoch before "
-            "moving on. The epoch loop goes outside, the minibatch loop inside.",
+            _("train_batch saw {got}..., expected {wanted}...").format(
+                got=got[:9], wanted=wanted[:9]
+            ),
+            _(
+                "The loops are swapped: each minibatch is trained for every epoch before "
+                "moving on. The epoch loop goes outside, the minibatch loop inside."
+            ),
         )
     shown = f"{got[:9]}{'...' if len(got) > 9 else ''}"
     expect(
         got == wanted,
-        f"train_batch saw {len(got)} batches, {shown}; expected batches 0, 1, 2 in each of "
-        f"{EPOCHS} epochs",
+        _(
+            "train_batch saw {count} batches, {shown}; expected batches 0, 1, 2 in each of "
+            "{epochs} epochs"
+        ).format(count=len(got), shown=shown, epochs=EPOCHS),
     )
 
 
@@ -219,15 +226,24 @@ def every_step_uses_every_devices_replica(seen, ctx):
     copies = [e[1] for e in seen["log"] if e[0] == "copy"]
     expect(
         copies == devices,
-        f"get_params copied the parameters to {copies}, expected once to each of {devices}",
+        _(
+            "get_params copied the parameters to {copies}, expected once to each of {devices}"
+        ).format(copies=copies, devices=devices),
     )
     for e in seen["log"]:
         if e[0] == "step":
             expect(
                 e[2] == list(range(len(devices))) and e[3] == devices,
-                f"train_batch got the replicas {e[2]} and the devices {e[3]}; expected the "
-                f"replicas {list(range(len(devices)))} (one per device) and {devices}: "
-                "every device trains on its share of each minibatch",
+                _(
+                    "train_batch got the replicas {got} and the devices {got_devices}; expected "
+                    "the replicas {replicas} (one per device) and {devices}: every device trains "
+                    "on its share of each minibatch"
+                ).format(
+                    got=e[2],
+                    got_devices=e[3],
+                    replicas=list(range(len(devices))),
+                    devices=devices,
+                ),
             )
 
 
@@ -245,17 +261,21 @@ def evaluates_on_the_first_device_after_each_epoch(seen, ctx):
         tests = [e for e in epoch if e[0] == "forward" and e[1].startswith("test")]
         expect(
             sorted(e[1] for e in tests) == ["test 0", "test 1"],
-            f"in epoch {number} the test batches seen were {[e[1] for e in tests]}, "
-            "expected test 0 and test 1 once each",
+            _(
+                "in epoch {number} the test batches seen were {seen}, "
+                "expected test 0 and test 1 once each"
+            ).format(number=number, seen=[e[1] for e in tests]),
         )
         expect(
             all(e[2] == 0 for e in tests),
-            f"in epoch {number} the test batches ran with replica "
-            f"{sorted({e[2] for e in tests})}, expected 0 (the first device's parameters)",
+            _(
+                "in epoch {number} the test batches ran with replica {replicas}, "
+                "expected 0 (the first device's parameters)"
+            ).format(number=number, replicas=sorted({e[2] for e in tests})),
         )
         expect(
             all(epoch.index(e) > last_step for e in tests),
-            f"in epoch {number} evaluation came before the last minibatch",
+            _("in epoch {number} evaluation came before the last minibatch").format(number=number),
         )
 
 
@@ -272,13 +292,15 @@ def plots_the_test_accuracy_each_epoch(seen, ctx):
     xs = [float(p[1]) for p in points if isinstance(p[1], int | float)]
     expect(
         xs == [float(i) for i in range(1, EPOCHS + 1)],
-        f"the plot got points at x = {xs}, expected {list(range(1, EPOCHS + 1))}",
+        _("the plot got points at x = {xs}, expected {wanted}").format(
+            xs=xs, wanted=list(range(1, EPOCHS + 1))
+        ),
     )
     for p in points:
         ys = p[2]
         expect(
             len(ys) >= 1 and all(isinstance(v, float | int) and 0 <= v <= 1 for v in ys),
-            f"the plotted values {ys} are not accuracies between 0 and 1",
+            _("the plotted values {ys} are not accuracies between 0 and 1").format(ys=ys),
         )
 
 
@@ -296,11 +318,18 @@ def prints_the_summary_line(seen, ctx):
     printed = seen["printed"].strip().splitlines()[-3:]
     expect(
         found is not None,
-        f"no line like 'test acc: 0.84, 2.8 sec/epoch on [...]' was "
-        f"printed; the last lines printed were {printed}",
+        _(
+            "no line like 'test acc: 0.84, 2.8 sec/epoch on [...]' was "
+            "printed; the last lines printed were {printed}"
+        ).format(printed=printed),
     )
     wanted = str(ctx.devices[:2])
-    expect(found[2] == wanted, f"the summary names the devices {found[2]}, expected {wanted}")
+    expect(
+        found[2] == wanted,
+        _("the summary names the devices {got}, expected {wanted}").format(
+            got=found[2], wanted=wanted
+        ),
+    )
 
 
 @check(
@@ -322,13 +351,17 @@ def expect_history(seen: dict, epochs: int) -> None:
         isinstance(history, list)
         and len(history) == epochs
         and all(isinstance(a, int | float) and 0 <= a <= 1 for a in history),
-        f"train returned {history!r}, expected a list of {epochs} accuracies",
+        _("train returned {history}, expected a list of {epochs} accuracies").format(
+            history=repr(history), epochs=epochs
+        ),
     )
     found = summary(seen["printed"])
     if found:
         expect(
             f"{history[-1]:.2f}" == found[0],
-            f"the last accuracy returned is {history[-1]:.2f} but {found[0]} was printed",
+            _("the last accuracy returned is {returned} but {printed} was printed").format(
+                returned=f"{history[-1]:.2f}", printed=found[0]
+            ),
         )
 
 
@@ -344,15 +377,17 @@ def accuracy_rises_above_chance(seen, ctx):
     params = seen["first_replica"]
     expect(
         isinstance(params, list) and len(params) == 8,
-        "get_params was never called, so there is no trained model to measure",
+        _("get_params was never called, so there is no trained model to measure"),
     )
     X, y = sample_images(500, split="test")
     with torch.no_grad():
         acc = dplab.accuracy(dplab.lenet(X, [p.value for p in params]), y) / len(y)
     expect(
         acc >= 0.3,
-        f"after ten epochs the first replica has test accuracy {acc:.2f}, "
-        "expected at least 0.30 (chance is 0.10)",
+        _(
+            "after ten epochs the first replica has test accuracy {acc}, "
+            "expected at least 0.30 (chance is 0.10)"
+        ).format(acc=f"{acc:.2f}"),
     )
 
 
@@ -360,12 +395,12 @@ def accuracy_rises_above_chance(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "NVIDIA driver" in raised.message or "Torch not compiled with CUDA" in raised.message:
-        return (
+        return _(
             "This names a CUDA device directly (torch.device('cuda:0'), .cuda()), which fails "
             "on a machine without GPUs: use the devices you are given, devices[i]."
         )
     if "Invalid format specifier" in raised.message:
-        return (
+        return _(
             "A format such as {x :.2f } has spaces inside the braces: write {x:.2f}, with "
             "nothing between the value, the colon and the format."
         )

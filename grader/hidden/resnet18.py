@@ -4,6 +4,7 @@ from functools import cache
 
 from grader.api import check, expect
 from grader.checks.resnet18 import layer_tree, layers
+from grader.i18n import _
 
 
 @cache
@@ -18,5 +19,8 @@ def same_layers_as_the_reference(seen, ctx):
     """Module for module after the stem, resnet18(10) has the reference's types and shapes."""
     wanted = reference_layers(ctx.reference["resnet18"])
     for got, want in zip(seen, wanted, strict=False):
-        expect(got == want, f"found layer {got}, expected {want}")
-    expect(len(seen) == len(wanted), f"it has {len(seen)} modules, expected {len(wanted)}")
+        expect(got == want, _("found layer {got}, expected {want}").format(got=got, want=want))
+    expect(
+        len(seen) == len(wanted),
+        _("it has {count} modules, expected {wanted}").format(count=len(seen), wanted=len(wanted)),
+    )

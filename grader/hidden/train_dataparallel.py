@@ -13,6 +13,7 @@ from grader.checks.train_dataparallel import (
     training_run,
 )
 from grader.checks.train_loop import summary
+from grader.i18n import _
 
 ten_epochs_without_batch_norm = training_run.using(
     "ten_epochs_without_batch_norm",
@@ -33,13 +34,19 @@ def training_matches_plain_sgd(seen, ctx):
     start = {k: v.value for k, v in the_wrap(seen)["state"].items()}
     net = tiny_net(0, batch_norm=False)
     net.load_state_dict(start)
-    for _ in range(EPOCHS):
+    for _epoch in range(EPOCHS):
         for X, y in tiny_batches()["train"]:
             net.zero_grad()
             nn.functional.cross_entropy(net(X), y).backward()
             sgd_step(net.parameters(), LR)
     for name, wanted in net.state_dict().items():
-        expect_close(seen["final"][name], wanted, f"{name} after training", rtol=1e-3, atol=1e-5)
+        expect_close(
+            seen["final"][name],
+            wanted,
+            _("{name} after training").format(name=name),
+            rtol=1e-3,
+            atol=1e-5,
+        )
 
 
 @check(
@@ -51,6 +58,14 @@ def training_matches_plain_sgd(seen, ctx):
 def prints_the_summary_line(seen, ctx):
     """It prints the book's summary line (either edition's) with the devices it trained on."""
     found = summary(seen["printed"])
-    expect(found is not None, "no line like 'test acc: 0.91, 12.3 sec/epoch on [...]' was printed")
+    expect(
+        found is not None,
+        _("no line like 'test acc: 0.91, 12.3 sec/epoch on [...]' was printed"),
+    )
     wanted = str([torch.device(d) for d in seen["devices"]])
-    expect(found[2] == wanted, f"the summary names the devices {found[2]}, expected {wanted}")
+    expect(
+        found[2] == wanted,
+        _("the summary names the devices {got}, expected {wanted}").format(
+            got=found[2], wanted=wanted
+        ),
+    )

@@ -2,6 +2,7 @@
 
 from grader.api import check, expect
 from grader.checks.train_loop import EPOCHS, recorded_run
+from grader.i18n import _
 
 one_device = recorded_run.using(
     "one_device",
@@ -23,6 +24,8 @@ def works_with_a_single_device(seen, ctx):
     wanted = [(f"train {i}", [0], device) for i in range(3)] * EPOCHS
     expect(
         got == wanted,
-        f"with one device, train_batch got (batch, replicas, devices) {got[:3]}..., "
-        f"expected {wanted[:3]}... in each of {EPOCHS} epochs",
+        _(
+            "with one device, train_batch got (batch, replicas, devices) {got}..., "
+            "expected {wanted}... in each of {epochs} epochs"
+        ).format(got=got[:3], wanted=wanted[:3], epochs=EPOCHS),
     )
