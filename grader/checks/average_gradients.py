@@ -29,21 +29,24 @@ from grader.api import (
     in_rank,
     recording_calls,
 )
+from grader.i18n import N_, _
 
 BATCH = 24  # the global batch: 2, 3 and 4 ranks get equal shards of it
-MEAN_HINT = (
+MEAN_HINT = N_(
     "For each parameter with a gradient: dist.all_reduce(param.grad) sums it over the ranks, "
     "in place; then divide it by dist.get_world_size()."
 )
-SUMMED_HINT = (
+SUMMED_HINT = N_(
     "The gradients are the sum over the ranks, not the mean: divide each by "
     "dist.get_world_size() after the all_reduce."
 )
-WEIGHTS_HINT = (
+WEIGHTS_HINT = N_(
     "The all_reduce went to the weights (param or param.data), not to their gradients: "
     "average param.grad, and leave the weights to the optimizer."
 )
-UNCHANGED_HINT = "The gradients came back as each rank's own: all_reduce each param.grad in place."
+UNCHANGED_HINT = N_(
+    "The gradients came back as each rank's own: all_reduce each param.grad in place."
+)
 
 
 def grad_model(seed: int, frozen: bool = False) -> nn.Sequential:
@@ -229,11 +232,13 @@ def expect_mean_gradients(seen: list[dict], ctx, frozen: bool = False) -> None:
             grads, calls = result["grads"], result["calls"]
             hint = hint_for(grads, result["local"], expected, calls, n)
             for i, (g, e) in enumerate(zip(grads, expected, strict=True)):
-                label = f"with {n} processes, rank {rank}'s gradient of parameter {i}"
+                label = _("with {n} processes, rank {rank}'s gradient of parameter {i}").format(
+                    n=n, rank=rank, i=i
+                )
                 if e is None:
                     continue
                 if g is None:
-                    raise Fail(f"{label} is None: it was removed", hint)
+                    raise Fail(_("{label} is None: it was removed").format(label=label), hint)
                 expect_close(g, e, label, hint, rtol=1e-4, atol=1e-6)
 
 
@@ -257,8 +262,10 @@ def skips_frozen_parameters(seen, ctx):
             for i in (0, 1):
                 expect(
                     result["grads"][i] is None,
-                    f"with {n} processes, rank {rank}: the frozen parameter {i} has a gradient "
-                    "now; it must stay None",
+                    _(
+                        "with {n} processes, rank {rank}: the frozen parameter {i} has a gradient "
+                        "now; it must stay None"
+                    ).format(n=n, rank=rank, i=i),
                 )
 
 
@@ -278,8 +285,10 @@ def one_all_reduce_per_parameter(seen, ctx):
             got = [name for c in reduced for name in c.get("of", ["other"])]
             expect(
                 sorted(got) == sorted(wanted) and len(reduced) == len(wanted),
-                f"with {n} processes, rank {rank} called all_reduce {len(reduced)} times, on "
-                f"{got}; expected once on each of {len(wanted)} gradients",
+                _(
+                    "with {n} processes, rank {rank} called all_reduce {count} times, on {got}; "
+                    "expected once on each of {wanted} gradients"
+                ).format(n=n, rank=rank, count=len(reduced), got=got, wanted=len(wanted)),
             )
 
 
@@ -287,7 +296,7 @@ def one_all_reduce_per_parameter(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "NoneType" in raised.message or "Expected parameter `tensor`" in raised.message:
-        return (
+        return _(
             "A frozen parameter (requires_grad False) has no gradient: param.grad is None. "
             "Skip it (if param.grad is not None) and average the others."
         )

@@ -15,9 +15,10 @@ from grader.checks.average_gradients import (
     gradients_of_a_shard,
     plain,
 )
+from grader.i18n import N_, _
 
 SMALL_MB = 0.004  # 4,194 bytes: the checks' network falls into three buckets
-BUCKET_HINT = (
+BUCKET_HINT = N_(
     "Walk the parameters in reverse order, adding each gradient to the current bucket until "
     "the next one would take it past bucket_mb * 2**20 bytes; then torch.cat the bucket's "
     "flattened gradients, all_reduce that one tensor, divide it, and copy each slice back "
@@ -80,11 +81,11 @@ def expect_mean_with_buckets(seen, ctx, frozen: bool = False) -> None:
                         if m is not None and g is not None and plain(g).equal(plain(m))
                     ]
                     if stale:
-                        fail.message += (
-                            f" (with {n} processes, rank {rank}: the gradients of parameters "
-                            f"{stale} still hold the rank's own values)"
-                        )
-                        fail.hint = (
+                        fail.message = _(
+                            "{message} (with {n} processes, rank {rank}: the gradients of "
+                            "parameters {stale} still hold the rank's own values)"
+                        ).format(message=fail.message, n=n, rank=rank, stale=stale)
+                        fail.hint = _(
                             "Some gradients never got their bucket's average back: after each "
                             "bucket's all_reduce, copy every slice back into its gradient."
                         )
@@ -119,12 +120,23 @@ def one_all_reduce_per_bucket(seen, ctx):
             count = len(reduced(result))
             expect(
                 count == wanted,
-                f"with {n} processes and bucket_mb={SMALL_MB}, rank {rank} called all_reduce "
-                f"{count} times; the {len(result['grads'])} gradients fill {wanted} buckets",
+                _(
+                    "with {n} processes and bucket_mb={bucket_mb}, rank {rank} called all_reduce "
+                    "{count} times; the {gradients} gradients fill {wanted} buckets"
+                ).format(
+                    n=n,
+                    bucket_mb=SMALL_MB,
+                    rank=rank,
+                    count=count,
+                    gradients=len(result["grads"]),
+                    wanted=wanted,
+                ),
                 None
                 if count > wanted
-                else "The buckets hold too much: a bucket is full at bucket_mb * 2**20 bytes "
-                "(a gradient takes numel() * element_size() bytes).",
+                else _(
+                    "The buckets hold too much: a bucket is full at bucket_mb * 2**20 bytes "
+                    "(a gradient takes numel() * element_size() bytes)."
+                ),
                 see=None if count > wanted else "no_bucket_over_the_limit",  # too few: too big
             )
 
@@ -141,7 +153,12 @@ def one_all_reduce_with_the_default_size(seen, ctx):
     for n, ranks in groups_finished(seen):
         for rank, result in enumerate(ranks):
             count = len(reduced(result))
-            expect(count == 1, f"with {n} processes, rank {rank} called all_reduce {count} times")
+            expect(
+                count == 1,
+                _("with {n} processes, rank {rank} called all_reduce {count} times").format(
+                    n=n, rank=rank, count=count
+                ),
+            )
 
 
 @check(
@@ -165,9 +182,16 @@ def no_bucket_over_the_limit(seen, ctx):
                     alone = call.get("numel", 0) in sizes
                 expect(
                     call.get("nbytes", 0) <= limit or alone,
-                    f"with {n} processes, rank {rank} reduced a bucket of "
-                    f"{call.get('nbytes', 0)} bytes ({', '.join(held)}); the limit is "
-                    f"{limit:.0f} bytes",
+                    _(
+                        "with {n} processes, rank {rank} reduced a bucket of {nbytes} bytes "
+                        "({held}); the limit is {limit:.0f} bytes"
+                    ).format(
+                        n=n,
+                        rank=rank,
+                        nbytes=call.get("nbytes", 0),
+                        held=", ".join(held),
+                        limit=limit,
+                    ),
                 )
 
 
@@ -188,7 +212,9 @@ def buckets_start_from_the_last_parameter(seen, ctx):
             first = calls[0].get("of", []) if calls else []
             expect(
                 last in first,
-                f"with {n} processes, rank {rank}'s first bucket held {first}, not {last}",
+                _("with {n} processes, rank {rank}'s first bucket held {first}, not {last}").format(
+                    n=n, rank=rank, first=first, last=last
+                ),
             )
 
 
@@ -204,5 +230,7 @@ def skips_frozen_parameters(seen, ctx):
         for rank, result in enumerate(ranks):
             expect(
                 result["grads"][0] is None and result["grads"][1] is None,
-                f"with {n} processes, rank {rank}: a frozen parameter has a gradient now",
+                _("with {n} processes, rank {rank}: a frozen parameter has a gradient now").format(
+                    n=n, rank=rank
+                ),
             )

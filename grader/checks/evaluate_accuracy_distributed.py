@@ -25,12 +25,13 @@ from grader.api import (
     recording_calls,
     returned,
 )
+from grader.i18n import N_, _
 
-COUNT_HINT = (
+COUNT_HINT = N_(
     "Count on each rank: the correct predictions (d2l.accuracy) and the number of examples, "
     "in one tensor; dist.all_reduce it, and divide the summed correct by the summed total."
 )
-AVERAGED_HINT = (
+AVERAGED_HINT = N_(
     "Each rank's accuracy was averaged over the ranks; with shards of different sizes that is "
     "not the accuracy of the test set. Sum the counts (correct and total) over the ranks, "
     "then divide."
@@ -140,8 +141,10 @@ def expect_accuracy(seen, ctx, shape: str) -> None:
             hint = AVERAGED_HINT if got is not None and abs(got - averaged) < 1e-6 else None
             expect(
                 got is not None and abs(got - wanted) < 1e-6,
-                f"with {n} processes, rank {rank} returned {got}; the test set's accuracy is "
-                f"{wanted:.6f} (correct over total, across every rank's shard)",
+                _(
+                    "with {n} processes, rank {rank} returned {got}; the test set's accuracy is "
+                    "{wanted:.6f} (correct over total, across every rank's shard)"
+                ).format(n=n, rank=rank, got=got, wanted=wanted),
                 hint,
             )
 
@@ -180,7 +183,12 @@ def returns_a_python_float(seen, ctx):
     for n, ranks in groups_finished(seen):
         for rank, result in enumerate(ranks):
             kind = returned(result)["type"]
-            expect(kind == "float", f"with {n} processes, rank {rank} returned a {kind}")
+            expect(
+                kind == "float",
+                _("with {n} processes, rank {rank} returned a {kind}").format(
+                    n=n, rank=rank, kind=kind
+                ),
+            )
 
 
 @check(
@@ -197,18 +205,19 @@ def evaluates_in_eval_mode(seen, ctx):
     ):
         for rank, result in ranks.items():
             modes = result["modes"]
-            expect(
-                modes and not any(modes),
-                f"with {n} processes, rank {rank}'s network ran "
-                + ("no batch" if not modes else "in training mode"),
+            ran = (
+                _("with {n} processes, rank {rank}'s network ran no batch")
+                if not modes
+                else _("with {n} processes, rank {rank}'s network ran in training mode")
             )
+            expect(modes and not any(modes), ran.format(n=n, rank=rank))
 
 
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if raised.type == "ZeroDivisionError" or "division by zero" in raised.message:
-        return (
+        return _(
             "A rank with an empty shard counted zero examples: divide only the counts summed "
             "over every rank."
         )

@@ -29,25 +29,26 @@ from grader.api import (
     in_rank,
     recording_calls,
 )
+from grader.i18n import N_, _
 
 # Collectives that move data: a ring that calls one did not do the summing itself.
 SUMMING = tuple(c for c in COLLECTIVES if c not in ("barrier",))
-RING_HINT = (
+RING_HINT = N_(
     "Split the flattened tensor into world_size chunks (tensor_split). Reduce-scatter: in "
     "step s, send chunk (rank - s) to rank + 1, receive chunk (rank - s - 1) from rank - 1 and "
     "add it in. All-gather: pass the finished chunks around the ring the same way, copying "
     "instead of adding."
 )
-IN_PLACE_HINT = (
+IN_PLACE_HINT = N_(
     "The tensor passed in came back unchanged: the sum went into a copy. Work on "
     "tensor.view(-1), a view that shares the tensor's memory (or copy the result back with "
     "tensor.copy_(...))."
 )
-DTYPE_HINT = (
+DTYPE_HINT = N_(
     "Keep the tensor's dtype: add received chunks into it with += (receive into a buffer of "
     "the same dtype); never go through float32."
 )
-STOPPED_HINT = (
+STOPPED_HINT = N_(
     "Only the reduce-scatter ran: after it, each rank holds the full sum of one chunk only. "
     "Add the all-gather: N - 1 more steps that pass the finished chunks around the ring."
 )
@@ -180,13 +181,17 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
     hint names a mistake where the values show it (a dtype changed, the sum left in a copy,
     the all-gather missing)."""
     for n, rank, i, record in ring_records(seen):
-        label = f"with {n} processes, rank {rank}'s tensor {i + 1} ({what})"
+        label = _("with {n} processes, rank {rank}'s tensor {number} ({what})").format(
+            n=n, rank=rank, number=i + 1, what=_(what)
+        )
         collective = summed_by_a_collective(record)
         if collective:
             raise Fail(
-                f"{label} was summed by torch.distributed.{collective}, not by a ring of sends "
-                "and receives",
-                "The exercise is the ring itself: use only dist.send/recv/isend/irecv.",
+                _(
+                    "{label} was summed by torch.distributed.{collective}, not by a ring of "
+                    "sends and receives"
+                ).format(label=label, collective=collective),
+                _("The exercise is the ring itself: use only dist.send/recv/isend/irecv."),
             )
         given, expected = record["given"], record["expected"]
         value = given.value if isinstance(given, SeenTensor) else given
@@ -210,13 +215,13 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
 )
 def book_demo_gives_threes_on_both_ranks(seen, ctx):
     """[[1., 1.]] on rank 0 and [[2., 2.]] on rank 1 both become [[3., 3.]]."""
-    expect_sums(seen, ctx, "book", "the book's demo")
+    expect_sums(seen, ctx, "book", N_("the book's demo"))
 
 
 @check(random_tensors, points=3, hint=RING_HINT)
 def every_rank_holds_the_sum(seen, ctx):
     """In groups of 2, 3 and 4, every rank's tensor equals dist.all_reduce of the same tensors."""
-    expect_sums(seen, ctx, "random", "random float32")
+    expect_sums(seen, ctx, "random", N_("random float32"))
 
 
 @check(
@@ -229,7 +234,7 @@ def every_rank_holds_the_sum(seen, ctx):
 )
 def sums_tensors_of_any_length(seen, ctx):
     """Lengths of 7, 13, 1, 2 and 3 elements sum right in groups of 2, 3 and 4."""
-    expect_sums(seen, ctx, "uneven", "a length that the world size does not divide")
+    expect_sums(seen, ctx, "uneven", N_("a length that the world size does not divide"))
 
 
 @check(
@@ -239,7 +244,7 @@ def sums_tensors_of_any_length(seen, ctx):
 )
 def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     """int64 (up to 2**40) and int32 tensors sum exactly, float64 ones closely, dtypes kept."""
-    expect_sums(seen, ctx, "dtypes", "int64, int32 and float64")
+    expect_sums(seen, ctx, "dtypes", N_("int64, int32 and float64"))
 
 
 @check(
@@ -256,7 +261,9 @@ def sums_in_place(seen, ctx):
         shape = tuple(record["expected"].shape)
         expect(
             isinstance(given, SeenTensor) and given.shape == shape,
-            f"with {n} processes, rank {rank}'s tensor {i + 1} no longer has shape {shape}",
+            _(
+                "with {n} processes, rank {rank}'s tensor {number} no longer has shape {shape}"
+            ).format(n=n, rank=rank, number=i + 1, shape=shape),
         )
 
 
@@ -272,11 +279,15 @@ def uses_only_point_to_point_calls(seen, ctx):
         names = sorted({c["name"] for c in record["calls"] if c["name"] in COLLECTIVES})
         expect(
             not names,
-            f"with {n} processes, rank {rank} called {', '.join('dist.' + x for x in names)}",
+            _("with {n} processes, rank {rank} called {calls}").format(
+                n=n, rank=rank, calls=", ".join("dist." + x for x in names)
+            ),
         )
         expect(
             any(c["name"] in ("send", "isend") for c in record["calls"]),
-            f"with {n} processes, rank {rank} sent nothing to another rank",
+            _("with {n} processes, rank {rank} sent nothing to another rank").format(
+                n=n, rank=rank
+            ),
         )
 
 
@@ -296,8 +307,10 @@ def talks_only_to_its_ring_neighbours(seen, ctx):
         ring = (sent <= {right} and got <= {left}) or (sent <= {left} and got <= {right})
         expect(
             ring,
-            f"with {n} processes, rank {rank} sent to {sorted(sent)} and received from "
-            f"{sorted(got)}; its ring neighbours are {left} and {right}",
+            _(
+                "with {n} processes, rank {rank} sent to {sent} and received from {got}; its "
+                "ring neighbours are {left} and {right}"
+            ).format(n=n, rank=rank, sent=sorted(sent), got=sorted(got), left=left, right=right),
         )
 
 
@@ -316,8 +329,10 @@ def each_rank_sends_two_n_minus_one_chunks(seen, ctx):
         budget = 2 * (n - 1) * numel // n
         expect(
             sent <= budget,
-            f"with {n} processes, rank {rank} sent {sent} elements of a tensor of {numel} "
-            f"(call {i + 1}); a ring sends {budget}, 2 (N - 1) / N of it",
+            _(
+                "with {n} processes, rank {rank} sent {sent} elements of a tensor of {numel} "
+                "(call {number}); a ring sends {budget}, 2 (N - 1) / N of it"
+            ).format(n=n, rank=rank, sent=sent, numel=numel, number=i + 1, budget=budget),
         )
 
 
@@ -325,10 +340,10 @@ def each_rank_sends_two_n_minus_one_chunks(seen, ctx):
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Received data size doesn't match" in raised.message or "preamble" in raised.message:
-        return (
+        return _(
             "A receive got a different number of elements than it expected: both ends of each "
             "step must agree on the chunk (send chunk (rank - s), receive chunk (rank - s - 1))."
         )
     if "Default process group has not been initialized" in raised.message:
-        return "Call the function inside a process group: use d2l.launch(...) in the notebook."
+        return _("Call the function inside a process group: use d2l.launch(...) in the notebook.")
     return None

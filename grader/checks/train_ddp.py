@@ -38,6 +38,7 @@ from grader.api import (
     quiet_plots,
     returned,
 )
+from grader.i18n import _
 
 TRAIN, TEST = 96, 48  # examples; 2, 3 and 4 ranks split both evenly
 BATCH, EPOCHS, LR = 24, 2, 0.5
@@ -285,25 +286,42 @@ def expect_the_given_optimizer(r: RankSeen, lr: float) -> None:
     for e in r.record["log"]:
         if e["event"] != "step":
             continue
-        r.expect(
+        expect(
             e["optimizer"] == "SGD",
-            f"stepped with torch.optim.{e['optimizer']}; the task asks for torch.optim.SGD",
-            "Train with torch.optim.SGD(model.parameters(), lr), as the book does.",
+            _(
+                "with {n} processes, rank {rank} stepped with torch.optim.{optimizer}; the task "
+                "asks for torch.optim.SGD"
+            ).format(n=r.n, rank=r.rank, optimizer=e["optimizer"]),
+            _("Train with torch.optim.SGD(model.parameters(), lr), as the book does."),
         )
-        r.expect(e.get("maximize") in (None, False), "'s SGD maximizes the loss (maximize=True)")
-        r.expect(
+        expect(
+            e.get("maximize") in (None, False),
+            _("with {n} processes, rank {rank}'s SGD maximizes the loss (maximize=True)").format(
+                n=r.n, rank=r.rank
+            ),
+        )
+        expect(
             e["lr"] is not None and abs(e["lr"] - lr) <= 1e-9 * max(1.0, abs(lr)),
-            f"'s optimizer stepped with learning rate {e['lr']:g}; the task gives lr={lr:g}",
-            "Give the optimizer the lr that train_ddp was called with, unchanged (no "
-            "scaling by the number of processes, no schedule).",
+            _(
+                "with {n} processes, rank {rank}'s optimizer stepped with learning rate "
+                "{used:g}; the task gives lr={lr:g}"
+            ).format(n=r.n, rank=r.rank, used=e["lr"], lr=lr),
+            _(
+                "Give the optimizer the lr that train_ddp was called with, unchanged (no "
+                "scaling by the number of processes, no schedule)."
+            ),
         )
     unknown = sum(idx < 0 for step in training_steps(r.record["log"]) for idx in step)
     expect(
         not unknown,
-        f"with {r.n} processes, {unknown} of the inputs that reached rank {r.rank}'s network "
-        "were not examples of the training set as given (changed on the way?)",
-        "Feed the network the batches of the training DataLoader as they come, moved to "
-        "the device and nothing else.",
+        _(
+            "with {n} processes, {unknown} of the inputs that reached rank {rank}'s network "
+            "were not examples of the training set as given (changed on the way?)"
+        ).format(n=r.n, unknown=unknown, rank=r.rank),
+        _(
+            "Feed the network the batches of the training DataLoader as they come, moved to "
+            "the device and nothing else."
+        ),
     )
 
 
@@ -320,7 +338,13 @@ def ranks_end_with_identical_parameters(seen, ctx):
         zero = plain_state(g.ranks[0]["final"])
         for rank, result in list(g.ranks.items())[1:]:
             for name, value in plain_state(result["final"]).items():
-                expect_close(value, zero[name], f"{g.label}, rank {rank}'s {name} against rank 0's")
+                expect_close(
+                    value,
+                    zero[name],
+                    _("with {n} processes, rank {rank}'s {name} against rank 0's").format(
+                        n=g.n, rank=rank, name=name
+                    ),
+                )
 
 
 @check(
@@ -334,7 +358,7 @@ def ranks_end_with_identical_parameters(seen, ctx):
 def matches_one_process_on_the_same_global_batches(seen, ctx):
     """The weights equal one process's, trained by SGD on the global batches the ranks saw."""
     for g in finished_runs(seen):
-        g.expect(g.ranks[0]["first"], "no training step ran")
+        expect(g.ranks[0]["first"], _("with {n} processes, no training step ran").format(n=g.n))
         for r in g.each_rank():
             expect_the_given_optimizer(r, LR)
         single = replay(list(g.ranks.values()), ctx.seed, LR)
@@ -342,7 +366,9 @@ def matches_one_process_on_the_same_global_batches(seen, ctx):
             expect_close(
                 g.ranks[0]["final"][name],
                 value,
-                f"{g.label}, {name} against one process on the same global batches",
+                _(
+                    "with {n} processes, {name} against one process on the same global batches"
+                ).format(n=g.n, name=name),
                 rtol=1e-4,
                 atol=1e-5,
             )
@@ -361,14 +387,18 @@ def each_rank_trains_on_its_own_shard(seen, ctx):
         for e in range(EPOCHS):
             shares = [set(per[e]) for per in epochs.values()]
             together = set().union(*shares)
-            g.expect(
+            expect(
                 sum(map(len, shares)) == len(together),
-                f"in epoch {e + 1} the ranks trained on the same examples "
-                f"({sum(map(len, shares))} used, {len(together)} different)",
+                _(
+                    "with {n} processes, in epoch {epoch} the ranks trained on the same examples "
+                    "({used} used, {different} different)"
+                ).format(n=g.n, epoch=e + 1, used=sum(map(len, shares)), different=len(together)),
             )
-            g.expect(
+            expect(
                 len(g.ranks) < g.n or len(together) == TRAIN,  # (a deadlock left some ranks)
-                f"epoch {e + 1} used {len(together)} of {TRAIN} examples",
+                _("with {n} processes, epoch {epoch} used {used} of {total} examples").format(
+                    n=g.n, epoch=e + 1, used=len(together), total=TRAIN
+                ),
             )
 
 
@@ -382,9 +412,12 @@ def each_rank_takes_its_share_of_the_global_batch(seen, ctx):
     """Each training step of a rank uses batch_size / world_size examples."""
     for r in every_rank(seen, see=DEADLOCK_OWNER):
         sizes = step_sizes(r.record["log"])
-        r.expect(
+        expect(
             sizes == [BATCH // r.n],
-            f"'s steps took {sizes} examples; its share of batch_size={BATCH} is {BATCH // r.n}",
+            _(
+                "with {n} processes, rank {rank}'s steps took {sizes} examples; its share of "
+                "batch_size={batch} is {share}"
+            ).format(n=r.n, rank=r.rank, sizes=sizes, batch=BATCH, share=BATCH // r.n),
         )
 
 
@@ -399,7 +432,13 @@ def shuffles_differently_each_epoch(seen, ctx):
     """Each rank sees its examples in another order in the second epoch than in the first."""
     for r in every_rank(seen, see=DEADLOCK_OWNER):
         first, second = epochs_of(r.record["log"], EPOCHS)[:2]
-        r.expect(first != second, "saw the same examples in the same order in both epochs")
+        expect(
+            first != second,
+            _(
+                "with {n} processes, rank {rank} saw the same examples in the same order in both "
+                "epochs"
+            ).format(n=r.n, rank=r.rank),
+        )
 
 
 @check(
@@ -413,13 +452,18 @@ def initialises_weights_as_the_book(seen, ctx):
     for g in every_group(seen, see=DEADLOCK_OWNER):
         rank = min(g.ranks)
         weights = plain_state(g.ranks[rank]["first"])
-        g.expect(weights, f"rank {rank} took no training step")
+        expect(
+            weights,
+            _("with {n} processes, rank {rank} took no training step").format(n=g.n, rank=rank),
+        )
         for name in ("1.weight", "3.weight"):
             spread = float(weights[name].std())
-            g.expect(
+            expect(
                 0.005 < spread < 0.02,
-                f"{name} started with a standard deviation of {spread:.4f}; the book's "
-                "initialisation gives 0.01",
+                _(
+                    "with {n} processes, {name} started with a standard deviation of "
+                    "{spread:.4f}; the book's initialisation gives 0.01"
+                ).format(n=g.n, name=name, spread=spread),
             )
 
 
@@ -435,15 +479,20 @@ def returns_the_test_accuracy_per_epoch(seen, ctx):
     on the whole test set."""
     for r in (r for g in finished_runs(seen) for r in g.each_rank()):
         history = returned(r.record)
-        r.expect(
+        expect(
             isinstance(history, list) and len(history) == EPOCHS,
-            f"returned {history!r}; expected a list of {EPOCHS} accuracies",
+            _(
+                "with {n} processes, rank {rank} returned {history!r}; expected a list of "
+                "{epochs} accuracies"
+            ).format(n=r.n, rank=r.rank, history=history, epochs=EPOCHS),
         )
         wanted = test_accuracy(r.group[0]["final"], ctx.seed)
-        r.expect(
+        expect(
             abs(history[-1] - wanted) < 1e-6,
-            f"'s last accuracy is {history[-1]:.4f}; the final weights score {wanted:.4f} on "
-            "the whole test set",
+            _(
+                "with {n} processes, rank {rank}'s last accuracy is {last:.4f}; the final "
+                "weights score {wanted:.4f} on the whole test set"
+            ).format(n=r.n, rank=r.rank, last=history[-1], wanted=wanted),
         )
 
 
@@ -465,16 +514,26 @@ def rank_zero_alone_prints_the_summary(seen, ctx):
     for r in every_rank(seen, see=DEADLOCK_OWNER):
         printed = bool(SUMMARY.search(outputs[r.n][r.rank]))
         if r.rank == 0:
-            r.expect(printed, f"printed no summary line: {outputs[r.n][0][-200:]!r}")
+            expect(
+                printed,
+                _("with {n} processes, rank {rank} printed no summary line: {output!r}").format(
+                    n=r.n, rank=r.rank, output=outputs[r.n][0][-200:]
+                ),
+            )
         else:
-            r.expect(not printed, "printed a summary line too")
+            expect(
+                not printed,
+                _("with {n} processes, rank {rank} printed a summary line too").format(
+                    n=r.n, rank=r.rank
+                ),
+            )
 
 
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "set_epoch" in raised.message:
-        return "set_epoch belongs to the DistributedSampler: keep a name for it."
+        return _("set_epoch belongs to the DistributedSampler: keep a name for it.")
     if "DistributedDataParallel" in raised.message and "device_ids" in raised.message:
-        return "On the CPU (gloo), build DDP without device_ids: DDP(net) on the CPU."
+        return _("On the CPU (gloo), build DDP without device_ids: DDP(net) on the CPU.")
     return None

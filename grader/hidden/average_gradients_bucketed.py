@@ -8,6 +8,7 @@ from grader.checks.average_gradients_bucketed import (
     expected_buckets,
     reduced,
 )
+from grader.i18n import _
 
 OTHER_MB = 0.002
 
@@ -28,8 +29,10 @@ def right_means_and_bucket_count_with_another_size(seen, ctx):
             count = len(reduced(result))
             expect(
                 count == wanted,
-                f"with {n} processes, rank {rank} called all_reduce {count} times; "
-                f"bucket_mb={OTHER_MB} makes {wanted} buckets",
+                _(
+                    "with {n} processes, rank {rank} called all_reduce {count} times; "
+                    "bucket_mb={bucket_mb} makes {wanted} buckets"
+                ).format(n=n, rank=rank, count=count, bucket_mb=OTHER_MB, wanted=wanted),
                 # the public checks judge these causes: too many calls, or buckets too big
                 see="one_all_reduce_per_bucket" if count > wanted else "no_bucket_over_the_limit",
             )

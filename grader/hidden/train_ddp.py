@@ -10,6 +10,7 @@ from grader.checks.train_ddp import (
     training_run,
     training_steps,
 )
+from grader.i18n import _
 
 LR, BATCH, EPOCHS = 0.2, 48, 3
 
@@ -33,8 +34,10 @@ def matches_one_process_with_other_settings(seen, ctx):
         steps = training_steps(g.ranks[0]["log"])
         expect(
             len(steps) == EPOCHS * 96 // BATCH,
-            f"{g.label}, rank 0 took {len(steps)} training steps; 3 epochs of 96 "
-            f"examples in global batches of {BATCH} take {EPOCHS * 96 // BATCH}",
+            _(
+                "with {n} processes, rank 0 took {steps} training steps; 3 epochs of 96 "
+                "examples in global batches of {batch} take {wanted}"
+            ).format(n=g.n, steps=len(steps), batch=BATCH, wanted=EPOCHS * 96 // BATCH),
             # a rank's batch that is not its share of the global batch changes the count too
             see=None
             if step_sizes(g.ranks[0]["log"]) == [BATCH // g.n]
@@ -45,4 +48,12 @@ def matches_one_process_with_other_settings(seen, ctx):
         single = replay(list(g.ranks.values()), ctx.seed, LR)
         for r in g.each_rank():
             for name, value in plain_state(r.record["final"]).items():
-                expect_close(value, single[name], f"{r.label}'s {name}", rtol=1e-4, atol=1e-5)
+                expect_close(
+                    value,
+                    single[name],
+                    _("with {n} processes, rank {rank}'s {name}").format(
+                        n=r.n, rank=r.rank, name=name
+                    ),
+                    rtol=1e-4,
+                    atol=1e-5,
+                )
