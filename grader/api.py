@@ -54,6 +54,10 @@ One mistake should cost the checks about it, and no others:
   earns nothing for code that got the main result wrong;
 - `Fail(..., see="other_check")` (or `expect(..., see=...)`) says that a failure has the
   cause another check judges: where that check fails too, this one keeps its points.
+
+Messages are written in English and looked up in the reader's language (grader.i18n):
+`_("got {got}").format(got=...)` where a message is made, `N_(...)` for a constant. A check's
+docstring and hint, and the hints and messages given to `Fail`, are looked up by the judge.
 """
 
 from grader.base.cases import Case, Check, Context, ErrorHints, Student, case, check, error_hints
@@ -93,6 +97,7 @@ from grader.fixtures import (
     sgd_step,
     which_replica,
 )
+from grader.i18n import N_, _
 from grader.ranks.apart import apart
 from grader.ranks.groups import in_every_size, in_rank
 from grader.ranks.judging import (
@@ -134,6 +139,9 @@ __all__ = [
     "expect_equal",
     "expect_kept_dtype",
     "short",
+    # messages in the reader's language (grader.i18n)
+    "_",
+    "N_",
     # inputs and stand-ins the exercises share
     "FirstBatches",
     "RecordedBatches",

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import torch
 
+from grader.i18n import _
+
 
 class TimeLimit(BaseException):
     """Raised in the student's code when a case has used up its processor time.
@@ -41,7 +43,11 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         return
 
     def stop(signum, frame):
-        raise TimeLimit(f"it ran past the time limit of {seconds:g} s of processor time per check")
+        raise TimeLimit(
+            _("it ran past the time limit of {seconds} s of processor time per check").format(
+                seconds=f"{seconds:g}"
+            )
+        )
 
     previous = signal.signal(signal.SIGPROF, stop)
     # Processor time adds up over PyTorch's threads: each of them may use the limit.

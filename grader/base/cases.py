@@ -10,6 +10,7 @@ from unittest import mock
 import torch
 
 from grader.base.outcomes import MissingFunction, Raised
+from grader.i18n import N_, _
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Context:
 class Student:
     """The student's namespace, seen through the exercise's function name."""
 
-    def __init__(self, namespace: dict, function: str, where: str = "the notebook") -> None:
+    def __init__(self, namespace: dict, function: str, where: str = N_("the notebook")) -> None:
         self.namespace = namespace
         self.function = function
         self.where = where
@@ -39,10 +40,16 @@ class Student:
         """Return the function the exercise asks for, or say that it is missing."""
         found = self.namespace.get(self.function)
         if not callable(found):
-            what = "is not a function" if self.function in self.namespace else "is not defined"
-            raise MissingFunction(
-                f"`{self.function}` {what} in {self.where}: keep the name given in the notebook"
-            )
+            if self.function in self.namespace:
+                said = _(
+                    "`{function}` is not a function in {where}: keep the name given in the notebook"
+                )
+            else:
+                said = _(
+                    "`{function}` is not defined in {where}: keep the name given in the notebook"
+                )
+            # (`where`: a notebook's file name, or "the notebook", which has a translation)
+            raise MissingFunction(said.format(function=self.function, where=_(self.where)))
         return found
 
     def get(self, name: str, default: Any = None) -> Any:

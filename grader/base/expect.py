@@ -7,6 +7,7 @@ from torch import Tensor
 
 from grader.base.outcomes import Fail
 from grader.base.values import SeenTensor
+from grader.i18n import _
 
 
 def _brief(values: Any) -> str:
@@ -29,12 +30,14 @@ def short(value: Any, limit: int = 8) -> str:
             body = _brief(value.tolist())
         else:
             head = ", ".join(_brief(v) for v in value.flatten()[:4].tolist())
-            body = f"shape {tuple(value.shape)} starting [{head}, ...]"
+            body = _("shape {shape} starting [{head}, ...]").format(
+                shape=tuple(value.shape), head=head
+            )
         return f"{body} ({str(value.dtype).removeprefix('torch.')})"
     if isinstance(value, list | tuple):  # each item briefly: a tensor's repr runs to pages
         items = [short(item, limit) for item in value[:4]]
         if len(value) > 4:
-            items.append(f"... {len(value)} items in all")
+            items.append(_("... {count} items in all").format(count=len(value)))
         if isinstance(value, list):
             return f"[{', '.join(items)}]"
         return f"({', '.join(items)}{',' if len(value) == 1 else ''})"
@@ -49,7 +52,7 @@ def as_tensor(value: Any, what: str) -> Tensor:
         return value.value
     if isinstance(value, Tensor):  # computed by the grader itself
         return value
-    raise Fail(f"{what}: expected a tensor, got {short(value)}")
+    raise Fail(_("{what}: expected a tensor, got {got}").format(what=what, got=short(value)))
 
 
 def expect(condition: bool, message: str, hint: str | None = None, see: str | None = None) -> None:
@@ -62,7 +65,9 @@ def expect(condition: bool, message: str, hint: str | None = None, see: str | No
 def _same_shape(actual: Tensor, expected: Tensor, what: str) -> None:
     if actual.shape != expected.shape:
         raise Fail(
-            f"{what}: came back with shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+            _("{what}: came back with shape {shape}, expected {expected}").format(
+                what=what, shape=tuple(actual.shape), expected=tuple(expected.shape)
+            )
         )
 
 
@@ -71,9 +76,9 @@ def expect_equal(value: Any, expected: Tensor, what: str, hint: str | None = Non
     actual = as_tensor(value, what)
     _same_shape(actual, expected, what)
     if actual.dtype != expected.dtype:
-        raise Fail(f"{what}: came back as {actual.dtype}, expected {expected.dtype}", hint)
+        raise Fail(_came_back_as(what, actual.dtype, expected.dtype), hint)
     if not torch.equal(actual, expected):
-        raise Fail(f"{what}: came back {short(actual)}, expected {short(expected)}", hint)
+        raise Fail(_came_back(what, short(actual), short(expected)), hint)
 
 
 def expect_close(
@@ -90,13 +95,26 @@ def expect_close(
     actual = actual.to(torch.float64)
     target = expected.to(torch.float64)
     if torch.isnan(actual).any() and not torch.isnan(target).any():
-        raise Fail(f"{what}: came back with NaN values, expected {short(expected)}", hint)
+        raise Fail(
+            _("{what}: came back with NaN values, expected {expected}").format(
+                what=what, expected=short(expected)
+            ),
+            hint,
+        )
     if not torch.allclose(actual, target, rtol=rtol, atol=atol):
         gap = (actual - target).abs()
         worst = divmod_index(int(gap.argmax()), tuple(actual.shape))
         raise Fail(
-            f"{what}: came back {short(actual.to(expected.dtype))}, expected {short(expected)}; "
-            f"the largest difference is {float(gap.max()):.3g} at index {worst}",
+            _(
+                "{what}: came back {got}, expected {expected}; "
+                "the largest difference is {gap} at index {index}"
+            ).format(
+                what=what,
+                got=short(actual.to(expected.dtype)),
+                expected=short(expected),
+                gap=f"{float(gap.max()):.3g}",
+                index=worst,
+            ),
             hint,
         )
 
@@ -106,15 +124,28 @@ def expect_kept_dtype(value: Tensor, expected: Tensor, what: str, hint: str) -> 
     off `expected` by no more than float32's rounding (a sum computed in floats and turned
     back): evidence of the one mistake `hint` names."""
     if value.dtype != expected.dtype:
-        raise Fail(f"{what}: came back as {value.dtype}, expected {expected.dtype}", hint)
+        raise Fail(_came_back_as(what, value.dtype, expected.dtype), hint)
     if expected.is_floating_point() or torch.equal(value, expected):
         return
     if torch.allclose(value.to(torch.float64), expected.to(torch.float64), rtol=1e-6, atol=1.0):
         raise Fail(
-            f"{what}: came back {short(value)}, expected {short(expected)}: off by float32's "
-            "rounding",
+            _("{what}: came back {got}, expected {expected}: off by float32's rounding").format(
+                what=what, got=short(value), expected=short(expected)
+            ),
             hint,
         )
+
+
+def _came_back(what: str, got: str, expected: str) -> str:
+    return _("{what}: came back {got}, expected {expected}").format(
+        what=what, got=got, expected=expected
+    )
+
+
+def _came_back_as(what: str, dtype: torch.dtype, expected: torch.dtype) -> str:
+    return _("{what}: came back as {dtype}, expected {expected}").format(
+        what=what, dtype=dtype, expected=expected
+    )
 
 
 def divmod_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ import importlib
 from types import ModuleType
 
 from grader.api import Check, ErrorHints, Raised
+from grader.i18n import _
 from grader.load.notebook import cells_by_grade_id
 from grader.manifest import Exercise, exercises_dir
 
@@ -37,7 +38,11 @@ def public_checks(exercise: Exercise) -> list[Check]:
     """Return the exercise's public checks."""
     public = _module(exercise.checks)
     if public is None:
-        raise ModuleNotFoundError(f"the checks of {exercise.id}, {exercise.checks}, are missing")
+        raise ModuleNotFoundError(
+            _("the checks of {exercise}, {module}, are missing").format(
+                exercise=exercise.id, module=exercise.checks
+            )
+        )
     return checks_in(public)
 
 
@@ -46,8 +51,10 @@ def hidden_checks(exercise: Exercise) -> list[Check]:
     hidden = _module(exercise.hidden)
     if hidden is None:
         raise HiddenChecksUnavailable(
-            f"the hidden checks of {exercise.id} are not installed here; "
-            "they exist only on the instructor's side"
+            _(
+                "the hidden checks of {exercise} are not installed here; "
+                "they exist only on the instructor's side"
+            ).format(exercise=exercise.id)
         )
     return checks_in(hidden, hidden=True)
 
@@ -91,7 +98,11 @@ def narrowed(checks: list[Check], names: set[str] | None) -> list[Check]:
     by_name = {c.name: c for c in checks}
     unknown = sorted(set(names) - set(by_name))
     if unknown:
-        raise ValueError(f"no check called {', '.join(unknown)}; the checks are {sorted(by_name)}")
+        raise ValueError(
+            _("no check called {names}; the checks are {checks}").format(
+                names=", ".join(unknown), checks=sorted(by_name)
+            )
+        )
     wanted: set[str] = set()
     todo = list(names)
     while todo:

@@ -2,7 +2,10 @@
 
 from dataclasses import dataclass, field
 
-NOT_RUN = "not run: its notebook cannot be checked (see the note above)"  # a check's message
+from grader.i18n import N_
+
+# A check's message, shown as `_(NOT_RUN)` (grader.report.results knows it in every language)
+NOT_RUN = N_("not run: its notebook cannot be checked (see the note above)")
 
 
 @dataclass
@@ -42,6 +45,7 @@ class SubmissionResult:
     notes: list[str] = field(default_factory=list)  # what loading the notebooks reported
     seconds: float = 0.0  # wall time of grading it
     fingerprint: str = ""  # of the notebooks, the grader and the options: same means same result
+    language: str = "en"  # what its messages (and its feedback file) are written in
 
     @classmethod
     def from_dict(cls, data: dict) -> "SubmissionResult":
@@ -63,6 +67,7 @@ class SubmissionResult:
             notes=list(data.get("notes", [])),
             seconds=float(data.get("seconds", 0.0)),
             fingerprint=str(data.get("fingerprint", "")),
+            language=str(data.get("language", "en")),
         )
 
 

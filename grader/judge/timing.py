@@ -14,6 +14,7 @@ from grader.load.submission import Submission
 from grader.manifest import solutions_dir
 from grader.sandbox.collected import Collected, Limits
 from grader.sandbox.supervisor import run_isolated
+from grader.sandbox.watching import PROCESSOR_TIME
 
 MARGIN = 10  # a case may use this many times the reference's processor time
 
@@ -21,9 +22,7 @@ MARGIN = 10  # a case may use this many times the reference's processor time
 def stopped_for_processor_time(outcome: dict) -> bool:
     """Return True for a case stopped because it used up its processor time."""
     error = outcome.get("error") or {}
-    return error.get("type") == "TimeLimit" or str(outcome.get("stopped", "")).startswith(
-        "it used more than"
-    )
+    return error.get("type") == "TimeLimit" or outcome.get("limit") == PROCESSOR_TIME
 
 
 def time_against_the_reference(

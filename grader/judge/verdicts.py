@@ -1,11 +1,13 @@
 """Judge the outcomes of an exercise's cases, check by check, in the grader's own process."""
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.api import Check, Context, Crash, Fail, Raised, raised_in
 from grader.base.values import unpack
 from grader.devices import grading_devices
+from grader.i18n import N_, _
 from grader.judge.registry import diagnoser
 from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference
@@ -15,7 +17,9 @@ from grader.sandbox.collected import Collected
 from grader.sandbox.supervisor import DEVICES
 
 Diagnose = Callable[[Raised], str | None]
-LIMIT_HINT = (
+_HAN = re.compile(r"[\u4e00-\u9fff]+")  # Chinese characters
+_LATIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+LIMIT_HINT = N_(
     "The grading process running this check stopped (a time limit, the memory limit, a "
     "crash or an exit): look for an endless loop, a huge tensor, os._exit or ctypes."
 )
@@ -29,58 +33,92 @@ def out_of_memory(raised: Raised) -> bool:
 def common_hint(raised: Raised, function: str) -> str | None:
     """Return the hint for errors that any exercise can meet."""
     if raised.type == "TimeLimit":
-        return "Look for a loop that never ends, or work far bigger than the check needs."
+        return _("Look for a loop that never ends, or work far bigger than the check needs.")
     if out_of_memory(raised):
-        return (
+        return _(
             "The code asked for more memory than a grading process may use; the checks "
             "need only small tensors, so look for a size that grows out of hand."
         )
     if raised.stub:
-        return (
-            f"Replace `raise NotImplementedError` in `{function}` with your code, then check again."
-        )
+        return _(
+            "Replace `raise NotImplementedError` in `{function}` with your code, then check again."
+        ).format(function=function)
     if raised.type == "MissingFunction":
-        return f"Define `{function}` with the name and parameters the notebook gives."
+        return _("Define `{function}` with the name and parameters the notebook gives.").format(
+            function=function
+        )
     message = raised.message
     if raised.type == "TypeError" and (
         "positional argument" in message or "unexpected keyword" in message
     ):
-        return f"Keep the parameters of `{function}` as the notebook gives them."
+        return _("Keep the parameters of `{function}` as the notebook gives them.").format(
+            function=function
+        )
     if raised.type == "NameError":
-        return "A name is used before it is defined: run the notebook's cells from the top."
+        return _("A name is used before it is defined: run the notebook's cells from the top.")
     return None
 
 
 def crash_hint(function: str) -> str:
     """Return the hint for an error no check knows: what to do to see it and fix it."""
-    return (
-        f"Fix the error first: call `{function}` in the notebook (the book's example) to see "
+    return _(
+        "Fix the error first: call `{function}` in the notebook (the book's example) to see "
         "it; this check judges the calls that finish."
-    )
+    ).format(function=function)
 
 
-def error_message(raised: Raised, function: str) -> str:
-    """Describe an exception from the student's code in one line."""
+# How an error that no call survived is said: (nothing finished, more than one call, where known)
+_RAISED = {
+    (False, False, True): N_("calling `{function}` raised {error}: {message} ({where})"),
+    (False, False, False): N_("calling `{function}` raised {error}: {message}"),
+    (True, False, True): N_(
+        "could not judge this: calling `{function}` raised {error}: {message} ({where})"
+    ),
+    (True, False, False): N_(
+        "could not judge this: calling `{function}` raised {error}: {message}"
+    ),
+    (True, True, True): N_(
+        "could not judge this: every call of `{function}` raised; the first: {error}: "
+        "{message} ({where})"
+    ),
+    (True, True, False): N_(
+        "could not judge this: every call of `{function}` raised; the first: {error}: {message}"
+    ),
+}
+
+
+def error_message(
+    raised: Raised, function: str, nothing_finished: bool = False, calls: int = 1
+) -> str:
+    """Describe an exception from the student's code in one line; where `nothing_finished`,
+    a plain error says that the check could not judge (every call of `calls` raised)."""
     if raised.stub:
-        return f"`{function}` is not written yet: it still raises NotImplementedError"
+        return _("`{function}` is not written yet: it still raises NotImplementedError").format(
+            function=function
+        )
     if raised.type == "MissingFunction":
-        return raised.message
+        return _(raised.message)
     if raised.type == "TimeLimit":
-        return f"`{function}` was stopped: {raised.message}"
+        return _("`{function}` was stopped: {why}").format(function=function, why=_(raised.message))
     if out_of_memory(raised):
-        return f"`{function}` hit the memory limit of the grading process ({raised.message[:160]})"
-    where = f" ({raised.where})" if raised.where else ""
-    return f"calling `{function}` raised {raised.type}: {raised.message}{where}"
-
-
-def reference_time(outcome: dict) -> str:
-    """Say how long the reference took on the same case, where the grader timed it."""
-    if "reference_cpu" not in outcome:
-        return ""
-    return (
-        f"; the reference solution needs {float(outcome['reference_cpu']):.1f} s of processor "
-        "time on the same case on this machine"
+        return _("`{function}` hit the memory limit of the grading process ({error})").format(
+            function=function, error=raised.message[:160]
+        )
+    form = _RAISED[nothing_finished, nothing_finished and calls > 1, bool(raised.where)]
+    return _(form).format(
+        function=function, error=raised.type, message=raised.message, where=raised.where
     )
+
+
+def with_reference_time(message: str, outcome: dict) -> str:
+    """Add to `message` how long the reference took on the same case, where the grader timed
+    it."""
+    if "reference_cpu" not in outcome:
+        return message
+    return _(
+        "{message}; the reference solution needs {seconds} s of processor "
+        "time on the same case on this machine"
+    ).format(message=message, seconds=f"{float(outcome['reference_cpu']):.1f}")
 
 
 @dataclass
@@ -106,14 +144,15 @@ def judge_check(
     """Return the verdict on one check from its case's outcome."""
 
     def failed(message: str, hint: str | None, crash: Raised | None = None) -> Verdict:
+        # Hints are translated here: a check's own, and the constants the checks modules
+        # mark with N_ (one already translated has no msgid, and comes back as it is).
         if check.case.holds and outcome is not None and outcome.get("held") is False:
-            names = ", ".join(check.case.holds)
-            message += (
-                f" (this ran with your own {names}; the grader holds them right with the "
-                "reference solution, so only this function counts there)"
-            )
+            message = _(
+                "{message} (this ran with your own {names}; the grader holds them right with "
+                "the reference solution, so only this function counts there)"
+            ).format(message=message, names=", ".join(check.case.holds))
         result = CheckResult(
-            check.name, False, 0.0, check.points, message, hint or check.hint, check.hidden
+            check.name, False, 0.0, check.points, message, _(hint or check.hint), check.hidden
         )
         return Verdict(result, crash)
 
@@ -121,29 +160,26 @@ def judge_check(
         # The check's own hint is about what the calls that finish do: with no evidence of
         # that, only a hint about the error itself is shown.
         hint = common_hint(raised, function) or diagnose(raised) or crash_hint(function)
-        message = error_message(raised, function)
-        if nothing_finished and message.startswith(f"calling `{function}` raised "):
-            if calls > 1:
-                message = f"every call of `{function}` raised; the first: " + (
-                    message.removeprefix(f"calling `{function}` raised ")
-                )
-            message = "could not judge this: " + message
-        return failed(message, hint, raised)
+        return failed(error_message(raised, function, nothing_finished, calls), hint, raised)
 
     if outcome is None:
-        verdict = failed(missing or "this check's case did not run", None)
+        verdict = failed(missing or _("this check's case did not run"), None)
         verdict.judged = False
         return verdict
     for before in check.after:
         if not verdicts.get(before, False):
-            verdict = failed(f"not judged until `{before}` passes", f"Fix `{before}` first.")
+            verdict = failed(
+                _("not judged until `{check}` passes").format(check=before),
+                _("Fix `{check}` first.").format(check=before),
+            )
             verdict.judged = False
             return verdict
     if "stopped" in outcome:
-        return failed(str(outcome["stopped"]) + reference_time(outcome), LIMIT_HINT)
+        stopped = str(outcome["stopped"])  # (said by the supervisor, in the reader's language)
+        return failed(with_reference_time(_(stopped), outcome), LIMIT_HINT)
     if "error" in outcome:  # the case itself raised: no call of the student's finished
         verdict = crashed(Raised.from_data(outcome["error"]), nothing_finished=True)
-        verdict.result.message += reference_time(outcome)
+        verdict.result.message = with_reference_time(verdict.result.message, outcome)
         return verdict
     seen = unpack(outcome.get("value"))
     try:
@@ -153,18 +189,27 @@ def judge_check(
     except Fail as fail:
         crash = raised_in(seen)
         if crash is None:
-            verdict = failed(fail.message, fail.hint)
+            verdict = failed(_(fail.message), fail.hint)
             verdict.see = fail.see
             return verdict
         # What was recorded before the crash was not enough: say where it stopped.
-        message = f"{fail.message}; `{function}` stopped early: {error_message(crash, function)}"
-        hint = fail.hint or check.hint
+        message = _("{message}; `{function}` stopped early: {error}").format(
+            message=_(fail.message), function=function, error=error_message(crash, function)
+        )
+        hint = _(fail.hint or check.hint)
         about = common_hint(crash, function) or diagnose(crash)
-        if about and not says_the_same(about, hint):
-            hint += f" About the error it stopped with: {about}"
+        if about and not says_the_same(_(about), hint):
+            hint = _("{hint} About the error it stopped with: {about}").format(
+                hint=hint, about=_(about)
+            )
         return failed(message, hint, crash)
     except Exception as error:  # a result of a shape the check did not foresee
-        return failed(f"the result could not be judged ({type(error).__name__}: {error})", None)
+        return failed(
+            _("the result could not be judged ({error}: {message})").format(
+                error=type(error).__name__, message=error
+            ),
+            None,
+        )
     return Verdict(CheckResult(check.name, True, check.points, check.points, "", "", check.hidden))
 
 
@@ -172,6 +217,9 @@ def says_the_same(one: str, other: str) -> bool:
     """Return True when many of the longer words of `one` are in `other` already."""
 
     def words(text: str) -> set[str]:
+        if _HAN.search(text):  # Chinese: its pairs of characters, and the code it names
+            pairs = {run[i : i + 2] for run in _HAN.findall(text) for i in range(len(run) - 1)}
+            return pairs | {w.lower() for w in _LATIN.findall(text) if len(w) > 3}
         return {w.strip(".,:;`'").lower() for w in text.split() if len(w) > 3}
 
     mine = words(one)
@@ -190,7 +238,9 @@ def name_what_a_crash_blocked(verdicts: list[Verdict]) -> None:
         if len(results) > 1:
             for r in results:
                 others = ", ".join(o.name for o in results if o is not r)
-                r.message += f" (the same error also failed: {others})"  # (report.results)
+                r.message = _("{message} (the same error also failed: {checks})").format(
+                    message=r.message, checks=others
+                )  # (report.results)
 
 
 def judge_exercise(
@@ -228,14 +278,16 @@ def paid_once(judged: list[Verdict]) -> None:
             r.passed, r.points, r.hint = True, r.max_points, ""
             said = r.message.splitlines()[0]
             said = said if len(said) <= 100 else said[:99] + "…"
-            r.message = f"kept its points: `{v.see}` charges for the same cause ({said})"
+            r.message = _("kept its points: `{check}` charges for the same cause ({said})").format(
+                check=v.see, said=said
+            )
 
 
 def not_checked(exercise_id: str, checks: list[Check], problem: str) -> ExerciseResult:
     """Return the result of an exercise whose notebook cannot be checked at all (not a
     notebook, or not the lab's): every check failed without running, and one note that says
     why and what to do."""
-    results = [CheckResult(c.name, False, 0.0, c.points, NOT_RUN, "", c.hidden) for c in checks]
+    results = [CheckResult(c.name, False, 0.0, c.points, _(NOT_RUN), "", c.hidden) for c in checks]
     return exercise_result(exercise_id, results, [problem])
 
 
@@ -251,19 +303,19 @@ def judge_reported(
     outcomes = dict(collected.outcomes.get(ex.id, {}))
     missing = ""
     if ex.notebook not in sub.notebooks:
-        missing = f"{ex.notebook} is missing from the submission"
+        missing = _("{notebook} is missing from the submission").format(notebook=ex.notebook)
     elif ex.id in collected.stopped:
-        missing = collected.stopped[ex.id]
+        missing = _(collected.stopped[ex.id])
     elif collected.changed.get(ex.id):
         names = ", ".join(collected.changed[ex.id][:4])
         outcomes = {}
-        missing = (
-            f"the submission changed the grader's own code or torch ({names}), so "
+        missing = _(
+            "the submission changed the grader's own code or torch ({names}), so "
             "this exercise's results cannot be trusted"
-        )
+        ).format(names=names)
     elif ex.id not in collected.outcomes:
-        missing = f"{ex.notebook} could not be loaded: " + "; ".join(
-            collected.notes.get(ex.notebook, [])
+        missing = _("{notebook} could not be loaded: {notes}").format(
+            notebook=ex.notebook, notes="; ".join(collected.notes.get(ex.notebook, []))
         )
     ctx = Context(seed, grading_devices(DEVICES), reference(ex.notebook) if hidden else None)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from grader.i18n import _
+
 
 def autograd_threads_started() -> bool:
     """Return True when autograd has started its device threads in this process (PyTorch
@@ -70,7 +72,10 @@ def apart(fn: Callable[..., Any], *args: Any, wait: float = 120.0) -> Any:
             return fn(*args)
     data = b"".join(chunks)
     os.waitpid(pid, 0)
-    kind, value = pickle.loads(data) if data else ("error", "the computation's process died")
+    if data:
+        kind, value = pickle.loads(data)
+    else:
+        kind, value = "error", _("the computation's process died")
     if kind == "error":
-        raise RuntimeError(f"the grader's own computation failed: {value}")
+        raise RuntimeError(_("the grader's own computation failed: {error}").format(error=value))
     return value

@@ -8,6 +8,7 @@ from typing import Any
 from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
 from dplab.watch import LIBRARY_PARTS
 from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
+from grader.i18n import _
 from grader.limits import case_seconds
 from grader.ranks.judging import MISMATCH
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up
@@ -75,7 +76,7 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
     missing function or an untouched stub (`untouched_stub`) stops it before any process
     starts, with the error every rank would have met."""
     if not loopback_is_up():  # the grader's fence, not the student: say so, and how to fix it
-        raise RuntimeError(NO_LOOPBACK)
+        raise RuntimeError(_(NO_LOOPBACK))
     stub = untouched_stub(student.fn)  # (student.fn raises MissingFunction, as a rank would)
     if stub is not None:
         raise stub

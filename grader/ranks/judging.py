@@ -3,17 +3,18 @@
 from typing import NamedTuple
 
 from grader.base.outcomes import Crash, Fail, Raised, raised_in
+from grader.i18n import N_, _
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
 # What gloo says, as it aborts the process, when ranks make different collective calls at the
 # same point (a call one rank skips, met by the others' next one): a deadlock by other means.
 MISMATCH = "collective mismatch"
-MISMATCH_HINT = (
+MISMATCH_HINT = N_(
     "The ranks made different collective calls at the same point, so gloo stopped: every rank "
     "must make the same collective calls in the same order (a call made on rank 0 alone, say "
     "an evaluation, meets the others' next call instead)."
 )
-DEADLOCK_HINT = (
+DEADLOCK_HINT = N_(
     "Every rank must make the same calls in the same order: a blocking send on every rank "
     "at once waits forever (post the send with dist.isend, then recv, then wait), and so "
     "does a collective that some ranks skip."
@@ -24,20 +25,26 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
     """Return each rank's record of a group that finished; fail, naming the rank, if the
     group deadlocked or ran out of time; raise Crash with the first error if the student's
     code raised on a rank."""
-    label = f"with {group.get('world_size', '?')} processes" + (f", {what}" if what else "")
+    n = group.get("world_size", "?")
+    if what:
+        label = _("with {n} processes, {what}").format(n=n, what=what)
+    else:
+        label = _("with {n} processes").format(n=n)
     if "failed" in group:
         kind = group.get("kind")
+        said = _("{label}: {failed}").format(label=label, failed=group["failed"])
         if kind == "hung" and group.get("finished"):
-            raise Fail(f"{label}: {group['failed']}")  # the check's own hint names the call
+            raise Fail(said)  # the check's own hint names the call
         if kind == "hung":
-            raise Fail(f"{label}: {group['failed']}", DEADLOCK_HINT)
+            raise Fail(said, DEADLOCK_HINT)
         if kind in ("limit", "stopped"):
-            raise Fail(f"{label}: {group['failed']}")
+            raise Fail(said)
         if kind == "mismatch":
-            raise Fail(f"{label}: {group['failed']}", MISMATCH_HINT)
+            raise Fail(said, MISMATCH_HINT)
         # A rank's process died (a crash inside torch, os._exit): judged as an error, so the
         # exercise's error hints can name the mistake behind it.
-        raise Crash(Raised("RankFailed", f"{group['failed']} ({label})", "", ""))
+        failed = _("{failed} ({label})").format(failed=group["failed"], label=label)
+        raise Crash(Raised("RankFailed", failed, "", ""))
     ranks = group["ranks"]
     crashed = [(r, raised_in(o)) for r, o in enumerate(ranks) if raised_in(o) is not None]
     crashed = [(r, raised) for r, raised in crashed if not raised.stub]
@@ -46,15 +53,22 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
         # Only "peer gone" errors: a rank returned while the others still waited for it.
         left = [r for r in range(len(ranks)) if r not in lost]
         raise Fail(
-            f"{label}: rank(s) {', '.join(map(str, left))} returned while rank(s) "
-            f"{', '.join(map(str, lost))} still waited for them in a call to torch.distributed "
-            "(which then failed: the connection was closed)"
+            _(
+                "{label}: rank(s) {returned} returned while rank(s) {waiting} still waited for "
+                "them in a call to torch.distributed (which then failed: the connection was "
+                "closed)"
+            ).format(
+                label=label,
+                returned=", ".join(map(str, left)),
+                waiting=", ".join(map(str, lost)),
+            )
         )
     if crashed:
         rank, raised = min(crashed, key=lambda item: float(ranks[item[0]].get("at", 0.0)))
-        raise Crash(
-            Raised(raised.type, f"{raised.message} (on rank {rank}, {label})", raised.where, "")
+        message = _("{message} (on rank {rank}, {label})").format(
+            message=raised.message, rank=rank, label=label
         )
+        raise Crash(Raised(raised.type, message, raised.where, ""))
     return ranks
 
 
@@ -87,7 +101,8 @@ def ranks_that_returned(
     if not judged:
         if deadlocked:
             raise Fail(
-                "could not be judged: the ranks deadlocked before any of them returned", see=see
+                _("could not be judged: the ranks deadlocked before any of them returned"),
+                see=see,
             )
         expect_ranks_finished(groups[0], what)  # a failure of another kind: say which
     return judged
@@ -101,7 +116,7 @@ class GroupSeen(NamedTuple):
 
     @property
     def label(self) -> str:
-        return f"with {self.n} processes"
+        return _("with {n} processes").format(n=self.n)
 
     def each_rank(self) -> list["RankSeen"]:
         """Return the group's judged ranks, in order."""
@@ -110,7 +125,7 @@ class GroupSeen(NamedTuple):
     def expect(self, condition: bool, message: str, hint: str | None = None) -> None:
         """Fail with "with N processes, MESSAGE" unless `condition` holds."""
         if not condition:
-            raise Fail(f"{self.label}, {message}", hint)
+            raise Fail(_("{label}, {message}").format(label=self.label, message=message), hint)
 
 
 class RankSeen(NamedTuple):
@@ -123,13 +138,13 @@ class RankSeen(NamedTuple):
 
     @property
     def label(self) -> str:
-        return f"with {self.n} processes, rank {self.rank}"
+        return _("with {n} processes, rank {rank}").format(n=self.n, rank=self.rank)
 
     def expect(self, condition: bool, message: str, hint: str | None = None) -> None:
         """Fail with "with N processes, rank R MESSAGE" unless `condition` holds (no space
         before a message that starts with an apostrophe: "rank 1's weights ...")."""
         if not condition:
-            gap = "" if message.startswith("'") else " "
+            gap = "" if message.startswith("'") else " "  # (the label is the sentence's subject)
             raise Fail(f"{self.label}{gap}{message}", hint)
 
 

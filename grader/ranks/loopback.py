@@ -1,6 +1,8 @@
 """Whether the ranks of a process group can reach each other here (no torch imported)."""
 
-NO_LOOPBACK = (
+from grader.i18n import N_
+
+NO_LOOPBACK = N_(
     "the sandbox cannot bring up the loopback of its network namespace, so the ranks of a "
     "process group cannot reach each other: grant the grader the NET_ADMIN capability "
     "(docker run --cap-add=NET_ADMIN; compose: cap_add: [SYS_ADMIN, NET_ADMIN]) or allow "

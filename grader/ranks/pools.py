@@ -10,6 +10,7 @@ import torch
 
 from dplab.launched import Launched, LaunchError
 from grader.base.cases import Student
+from grader.i18n import _
 from grader.ranks.rankpool import RankPool
 from grader.watch import Snapshot, watched_objects
 
@@ -105,8 +106,10 @@ def unchanged() -> Callable[[], Callable[[], bool]]:
             changed = before.changed()
             if changed:
                 raise Tampered(
-                    f"the code changed the grader's own code or torch ({', '.join(changed)}) "
-                    "in this process, so its results cannot be trusted"
+                    _(
+                        "the code changed the grader's own code or torch ({names}) "
+                        "in this process, so its results cannot be trusted"
+                    ).format(names=", ".join(changed))
                 )
             return (
                 os.getcwd() == folder and threading.active_count() == threads and not has_children()

@@ -17,6 +17,7 @@ import torch
 from dplab.launched import Launched, LaunchError
 from dplab.rank import fork_rank, leave_error, one_run
 from dplab.watch import Group, processor_seconds
+from grader.i18n import _
 from grader.ranks.side_by_side import not_formed, side_by_side
 
 # ---- ranks that stay -----------------------------------------------------------------------
@@ -201,7 +202,7 @@ class RankPool:
         """As `launch_each`, on this pool's ranks (forked now where there are none for a size,
         or none forked under `key`); each size at most once per call."""
         if len({nprocs for _, nprocs in calls}) < len(calls):
-            raise ValueError("a pool runs one group of each size at a time")
+            raise ValueError(_("a pool runs one group of each size at a time"))
 
         def begin(fn: Callable, nprocs: int, chosen: str, folder: Path, store_timeout: float):
             ranks = self._ranks(nprocs, chosen, (key, chosen), store_timeout)

@@ -9,6 +9,7 @@ from pathlib import Path
 from dplab.distributed import check_arguments, launch_folder, pause, read_results, start_group
 from dplab.launched import GroupNotFormed, Launched, LaunchError, RankFailed
 from dplab.watch import Group, watch_group
+from grader.i18n import _
 
 
 class GroupStopped(LaunchError):
@@ -86,8 +87,10 @@ def side_by_side(
                                 watchers.pop(j).close()
                                 outcomes[j] = groups[j].stop(
                                     GroupStopped,
-                                    f"the group of {calls[j][1]} processes was stopped: the "
-                                    f"group of {calls[i][1]} before it had failed",
+                                    _(
+                                        "the group of {n} processes was stopped: the group of "
+                                        "{failed} before it had failed"
+                                    ).format(n=calls[j][1], failed=calls[i][1]),
                                     finished=[
                                         r for r in range(calls[j][1]) if groups[j].returned(r)
                                     ],

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from grader.i18n import N_, _
+
 # ---- inside the child ----------------------------------------------------------------------
 
 _NETWORK = {
@@ -59,11 +61,11 @@ def launcher_code() -> object:
     return rank.fork_rank.__code__
 
 
-PROCESSES_REFUSED = "starting processes is not allowed while grading"
-SPAWN_REFUSED = (
-    f"{PROCESSES_REFUSED} with the spawn or forkserver start method: a DataLoader may start "
-    "its workers with the default one (leave its multiprocessing_context unset), or use "
-    "num_workers=0"
+PROCESSES_REFUSED = N_("starting processes is not allowed while grading")
+SPAWN_REFUSED = N_(
+    "starting processes is not allowed while grading with the spawn or forkserver start "
+    "method: a DataLoader may start its workers with the default one (leave its "
+    "multiprocessing_context unset), or use num_workers=0"
 )
 
 
@@ -99,7 +101,7 @@ def loader_worker_test() -> Callable[[FrameType], bool]:
         if "run" in own or "_bootstrap" in own:
             return False
         caller = frame.f_back
-        for _ in range(8):  # Popen.__init__, the context's _Popen, Process.start, ...
+        for _step in range(8):  # Popen.__init__, the context's _Popen, Process.start, ...
             if caller is None:
                 return False
             if caller.f_code is starts:
@@ -119,7 +121,7 @@ def _refuse_fork_exec() -> None:
     import _posixsubprocess
 
     def fork_exec(*args: object, **kwargs: object) -> None:
-        raise Fenced(SPAWN_REFUSED)
+        raise Fenced(_(SPAWN_REFUSED))
 
     _posixsubprocess.fork_exec = fork_exec
 
@@ -168,28 +170,34 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
         if event in _NETWORK:
             if own_unix_socket(event, args):
                 return
-            raise Fenced("network use is not allowed while grading")
+            raise Fenced(_("network use is not allowed while grading"))
         if event in _PROCESSES:
             if event == "os.fork":
                 caller = sys._getframe(1)
                 if caller.f_code is fork_rank or starts_a_loader_worker(caller):
                     return
-            raise Fenced(PROCESSES_REFUSED)
+            raise Fenced(_(PROCESSES_REFUSED))
         if event == "import" and args and args[0] == "_posixsubprocess":
             if "_posixsubprocess" not in sys.modules:  # afresh: the original fork_exec
-                raise Fenced(SPAWN_REFUSED)
+                raise Fenced(_(SPAWN_REFUSED))
         if event == "open" and args and isinstance(args[0], str | bytes | os.PathLike):
             path, mode, flags = (list(args) + [None, 0])[:3]
             if under(path, private):
-                raise Fenced(f"{os.fsdecode(path)} is private to the grader")
+                raise Fenced(_("{path} is private to the grader").format(path=os.fsdecode(path)))
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 isinstance(flags, int) and flags & _WRITE_FLAGS
             )
             if writing and not under(path, allowed):
-                raise Fenced(f"writing {os.fsdecode(path)} is not allowed while grading")
+                raise Fenced(
+                    _("writing {path} is not allowed while grading").format(path=os.fsdecode(path))
+                )
         elif event in _CHANGES and args and isinstance(args[0], str | bytes | os.PathLike):
             for path in args[:2]:
                 if isinstance(path, str | bytes | os.PathLike) and not under(path, allowed):
-                    raise Fenced(f"changing {os.fsdecode(path)} is not allowed while grading")
+                    raise Fenced(
+                        _("changing {path} is not allowed while grading").format(
+                            path=os.fsdecode(path)
+                        )
+                    )
 
     sys.addaudithook(hook)

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
+from grader import i18n
 from grader.api import Case, Context, Student
+from grader.i18n import _
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks
@@ -64,11 +66,13 @@ def resolve_case(origin: list[str]) -> Case:
     """Return the public case function named by the grader, refusing anything else."""
     module_name, attribute = origin
     if module_name not in public_modules():
-        raise ValueError(f"{module_name} is not a public checks module")
+        raise ValueError(_("{module} is not a public checks module").format(module=module_name))
     module = __import__(module_name, fromlist=[attribute])
     found = getattr(module, attribute)
     if not isinstance(found, Case):
-        raise ValueError(f"{module_name}.{attribute} is not a case")
+        raise ValueError(
+            _("{module}.{name} is not a case").format(module=module_name, name=attribute)
+        )
     return found
 
 
@@ -102,9 +106,21 @@ def load(
 
 
 def main(request_path: str, report_fd: int | None = None, reply_fd: int | None = None) -> None:
-    """Run the request at `request_path`; the pipes' descriptors are in it unless given."""
+    """Run the request at `request_path`; the pipes' descriptors are in it unless given.
+    What the child says (a missing function, a limit, a fence's refusal, what the cases
+    raise) is said in the request's language, the submission's: the grader's process judges
+    under the same language (grader.grading), and passes through `_()` what is English."""
     request = torch.load(request_path, weights_only=True)
     os.remove(request_path)
+    language = i18n.known(str(request.get("language") or "")) or "en"
+    if language != "en":
+        i18n.catalogue(language)  # read now: the audit hook fences files later
+    with i18n.speaking(language):
+        serve(request, report_fd, reply_fd)
+
+
+def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
+    """Run a request read by `main`."""
     threads = max(1, int(request["threads"]))
     torch.set_num_threads(threads)
     nonce = str(request["nonce"])
@@ -157,7 +173,9 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
                     "exercise-done",
                     exercise=exercise_id,
                     changed=[],
-                    unloadable=f"{ex.notebook} could not be loaded: {namespace}",
+                    unloadable=_("{notebook} could not be loaded: {notes}").format(
+                        notebook=ex.notebook, notes=namespace
+                    ),
                 )
                 continue
             student = Student(namespace, ex.function, ex.notebook)

@@ -91,7 +91,9 @@ Where = OnStatement | OnNotebook | OnCase | OnExercise | None
 @dataclass(frozen=True)
 class Stop:
     """How a child ended: where it was (None: between exercises, or done) and why ("": it
-    ended as it should)."""
+    ended as it should), in the reader's language; `limit` names the limit that stopped it,
+    if one did (grader.sandbox.watching.over_a_limit)."""
 
     on: Where
     reason: str
+    limit: str = ""

@@ -53,6 +53,7 @@ from functools import cache
 from pathlib import Path
 
 from grader import settings
+from grader.i18n import N_, _
 from grader.manifest import REPO, load_manifest, solutions_dir
 from grader.ranks.loopback import NO_LOOPBACK
 
@@ -103,8 +104,15 @@ class Fence:
 
     namespaces: str  # "" (none), "root" (made as root) or "user" (in a user namespace)
     own_uid: bool  # the child runs under a user id of its own
-    description: str
+    description: str  # in English (see `described`)
     loopback: bool = True  # the child's loopback is up, so process groups can form
+
+    def described(self) -> str:
+        """Return the description in the reader's language."""
+        alone = self.description.removesuffix(f"; {NO_LOOPBACK}")
+        if alone == self.description:
+            return _(alone)
+        return _("{fence}; {problem}").format(fence=_(alone), problem=_(NO_LOOPBACK))
 
     def prefix(self, uid: int | None, tmp: Path | None = None, memory_gib: float = 0) -> list[str]:
         """Return the words before `python` for a child running as `uid` (if own_uid), whose
@@ -214,15 +222,34 @@ def _probe(fence: Fence) -> bool | None:
 @cache
 def choose_fence() -> Fence:
     """Return the strongest fence this machine allows (probed once per process)."""
-    none = Fence("", False, "no operating-system fence: Python's audit hooks only")
+    none = Fence("", False, N_("no operating-system fence: Python's audit hooks only"))
     if settings.FENCE.get() == "none" or not shutil.which("unshare"):
         return none
-    masked = "own network and mount namespaces, private folders masked"
-    candidates = [Fence("user", False, f"{masked} (in a user namespace)")]
+    candidates = [
+        Fence(
+            "user",
+            False,
+            N_("own network and mount namespaces, private folders masked (in a user namespace)"),
+        )
+    ]
     if os.geteuid() == 0:
         candidates = [
-            Fence("root", True, f"{masked}, a user id of its own per child"),
-            Fence("root", False, f"{masked}, runs as root without capabilities"),
+            Fence(
+                "root",
+                True,
+                N_(
+                    "own network and mount namespaces, private folders masked, a user id of "
+                    "its own per child"
+                ),
+            ),
+            Fence(
+                "root",
+                False,
+                N_(
+                    "own network and mount namespaces, private folders masked, runs as root "
+                    "without capabilities"
+                ),
+            ),
             *candidates,
         ]
     # The strongest fence whose loopback comes up (a container without NET_ADMIN cannot bring

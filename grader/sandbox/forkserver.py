@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from grader.i18n import _
 from grader.sandbox.fence import (
     CHILD_UIDS,
     Fence,
@@ -364,7 +365,7 @@ class ForkServer:
         data = os.read(status_read, _STATUS.size)
         if len(data) != _STATUS.size:
             os.close(status_read)
-            raise OSError("the fork server did not start a grading child")
+            raise OSError(_("the fork server did not start a grading child"))
         return ForkedChild(_STATUS.unpack(data)[0], status_read)
 
     def alive(self) -> bool:

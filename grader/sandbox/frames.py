@@ -22,6 +22,8 @@ import struct
 
 import torch
 
+from grader.i18n import _
+
 MAX_FRAME = 512 * 2**20
 JSON_FRAME = b"J"  # a frame written by torch.save starts with the zip signature, b"PK"
 TENSOR_KEY = "\x00tensor"  # {TENSOR_KEY: i} stands for the frame's i-th tensor
@@ -163,7 +165,7 @@ class FrameReader:
         while not self.broken and len(self.buffer) >= 8:
             (size,) = struct.unpack(">Q", self.buffer[:8])
             if size > MAX_FRAME:
-                self.broken = "a message from the grading process was too large"
+                self.broken = _("a message from the grading process was too large")
                 break
             if len(self.buffer) < 8 + size:
                 break
@@ -172,14 +174,14 @@ class FrameReader:
             try:
                 frame = decode(payload)
             except Exception:
-                self.broken = "a message from the grading process could not be read"
+                self.broken = _("a message from the grading process could not be read")
                 break
             if (
                 not isinstance(frame, dict)
                 or frame.get("nonce") != self.nonce
                 or frame.get("seq") != self.seq
             ):
-                self.broken = "something wrote into the channel of the grading process"
+                self.broken = _("something wrote into the channel of the grading process")
                 break
             self.seq += 1
             frames.append(frame)

@@ -1,6 +1,7 @@
 """Who runs next: which loop of children takes each case of a notebook (`Shares`), and how
 many notebooks or submissions run side by side while the cores sit idle (`SpareCores`)."""
 
+import contextvars
 import os
 import threading
 import time
@@ -94,7 +95,8 @@ def side_by_side_while_idle(
     more: while `wanted()` and there is room as above, `make()` returns one more item (or
     None). Yield each call's future as it finishes, with how many are still running. Closing
     the iterator (Ctrl-C) starts no more and does not wait for those running: the caller
-    stops their children."""
+    stops their children. Each call runs in a copy of the caller's context, so it speaks the
+    caller's language (grader.i18n.speaking)."""
     at_least = least if callable(least) else lambda: least
     most = max(1, at_least(), most)
     spare = spare_cores()
@@ -108,11 +110,11 @@ def side_by_side_while_idle(
     try:
         while waiting or running:
             while waiting and room():
-                running.add(pool.submit(fn, waiting.popleft()))
+                running.add(pool.submit(contextvars.copy_context().run, fn, waiting.popleft()))
             if not waiting and running and extra is not None and extra[0]() and room():
                 item = extra[1]()
                 if item is not None:
-                    running.add(pool.submit(fn, item))
+                    running.add(pool.submit(contextvars.copy_context().run, fn, item))
             timeout = LOOK_SECONDS if waiting or extra is not None else None
             finished, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
             for done in finished:

@@ -33,6 +33,8 @@ import torch
 
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
+from grader.i18n import _, current
+from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
@@ -50,7 +52,15 @@ from grader.sandbox.frames import FrameReader
 from grader.sandbox.runner import unique_cases
 from grader.sandbox.scheduler import Shares, side_by_side_while_idle
 from grader.sandbox.starting import forget, start_child, track
-from grader.sandbox.watching import GroupTime, Watch, describe_exit, follow, log_tail, over_a_limit
+from grader.sandbox.watching import (
+    PROCESSOR_TIME,
+    GroupTime,
+    Watch,
+    describe_exit,
+    follow,
+    log_tail,
+    over_a_limit,
+)
 
 DEVICES = 2  # the exercises train on two devices, like the book
 
@@ -59,9 +69,10 @@ def cell_name(path: Path | None, number: int) -> str:
     """Name code cell `number` of the notebook at `path` as a student finds it (its grade id,
     or what it defines: dplab.notebook.cell_label)."""
     try:
-        return f"cell {read_code_cells(path)[number - 1][1]}" if path else f"code cell {number}"
+        name = f"cell {read_code_cells(path)[number - 1][1]}" if path else f"code cell {number}"
     except (NotebookError, IndexError):
-        return f"code cell {number}"
+        name = f"code cell {number}"
+    return said_cell(name)  # (in the reader's language)
 
 
 def run_child(
@@ -87,6 +98,7 @@ def run_child(
             "reply_fd": reply_read,
             "nonce": nonce,
             "seed": seed,
+            "language": current(),  # of what the child says (grader.sandbox.child)
             "devices": DEVICES,
             "threads": threads,
             "scratch": str(scratch),
@@ -114,10 +126,10 @@ def run_child(
     watch = Watch(exercise_started=now, computed_at=now, started=asked)
     # The child stops a case at the limit itself; this is for a case that ignores the stop.
     hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
-    reason = ""
+    reason, limit = "", ""
     try:
         while True:
-            ready, _, _ = select.select([read_fd], [], [], 0.2)
+            ready, _writable, _failed = select.select([read_fd], [], [], 0.2)
             data = os.read(read_fd, 1 << 20) if ready else b""
             now = time.monotonic()
             for frame in reader.feed(data):
@@ -132,7 +144,7 @@ def run_child(
                 if cpu > watch.cpu + 0.01:
                     watch.computed_at = now
                 watch.cpu = cpu
-            reason = over_a_limit(watch, cpu, now, limits, hard_cpu)
+            limit, reason = over_a_limit(watch, cpu, now, limits, hard_cpu)
             if reason:
                 break
     finally:
@@ -146,11 +158,13 @@ def run_child(
         os.close(read_fd)
         os.close(reply_write)
     if not reason and (watch.exercise or watch.loading or code != 0):
-        reason = f"the grading process {describe_exit(code)}"
+        reason = describe_exit(code)
         tail = log_tail(scratch / "child.log")
         if tail:
-            reason += "; the last lines it wrote:\n" + tail
-    return Stop(watch.where(), reason)
+            reason = _("{reason}; the last lines it wrote:\n{lines}").format(
+                reason=reason, lines=tail
+            )
+    return Stop(watch.where(), reason, limit)
 
 
 def holds_in_ranks(exercise, cases: list[Case]) -> bool:
@@ -212,7 +226,9 @@ def run_isolated(
     # verdict, computing nothing, and the notebooks after it need not wait with it.
     items = [(nb, None) for nb in notebooks]
     extra = (can_help, helper)
-    for done, _ in side_by_side_while_idle(run, items, side_by_side, 2 * len(notebooks), extra):
+    for done, _running in side_by_side_while_idle(
+        run, items, side_by_side, 2 * len(notebooks), extra
+    ):
         done.result()
     return collected
 
@@ -268,18 +284,25 @@ def run_notebook(
                 case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
                     collected.skip.setdefault(notebook, []).append([cell, line])
                     collected.skip_notes.setdefault(notebook, []).append(
-                        f"{cell_name(sub.notebooks.get(notebook), cell)}, line {line}: skipped, "
-                        f"because {stop.reason} "
-                        "while running it"
+                        _("{cell}, line {line}: skipped, because {reason} while running it").format(
+                            cell=cell_name(sub.notebooks.get(notebook), cell),
+                            line=line,
+                            reason=stop.reason,
+                        )
                     )
                 case OnNotebook(notebook):  # every exercise left to this loop is in it
                     for ex, names in shares.open(loop, collected).items():
                         if helper is None or any(shares.owner.get((ex, n)) is loop for n in names):
-                            collected.stopped[ex] = f"while loading {notebook}, {stop.reason}"
+                            collected.stopped[ex] = _("while loading {notebook}, {reason}").format(
+                                notebook=notebook, reason=stop.reason
+                            )
                     if helper is not None:
                         return  # a helper is extra: the first loop runs what it has not taken
                 case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
-                    collected.outcomes.setdefault(exercise, {})[case] = {"stopped": stop.reason}
+                    stopped = {"stopped": stop.reason}
+                    if stop.limit == PROCESSOR_TIME:  # (see grader.judge.timing)
+                        stopped["limit"] = PROCESSOR_TIME
+                    collected.outcomes.setdefault(exercise, {})[case] = stopped
                 case OnExercise(exercise):
                     collected.stopped[exercise] = stop.reason
                 case None if stop.reason:
@@ -289,5 +312,5 @@ def run_notebook(
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
                 # Nothing ran, and it ended well: stuck, unless other loops took the rest.
                 if (first := first_left(plans)) is not None:
-                    collected.stopped[first] = "the grading process ended without a report"
+                    collected.stopped[first] = _("the grading process ended without a report")
             todo = shares.open(loop, collected)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from grader.i18n import _
 from grader.load.reference import available, held_sources
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
@@ -23,6 +24,7 @@ from grader.sandbox.collected import (
 from grader.sandbox.frames import send_reply
 
 LOG_LINES = 12  # of a crashed child's log, kept in the reason
+PROCESSOR_TIME = "processor time"  # the limit that stopped a child (see `over_a_limit`)
 
 
 # ---- watching a child --------------------------------------------------------------------
@@ -61,14 +63,20 @@ def describe_exit(code: int) -> str:
     """Say in words how a child process ended."""
     if code < 0:
         name = signal.Signals(-code).name
-        return {
-            "SIGSEGV": "crashed with a segmentation fault",
-            "SIGBUS": "crashed with a bus error",
-            "SIGABRT": "aborted",
-            "SIGKILL": "was killed (SIGKILL), most likely for using too much memory",
-            "SIGXFSZ": "wrote more output than allowed",
-        }.get(name, f"was killed by {name}")
-    return f"exited with code {code} (the code called os._exit or sys.exit, or crashed)"
+        said = {
+            "SIGSEGV": _("the grading process crashed with a segmentation fault"),
+            "SIGBUS": _("the grading process crashed with a bus error"),
+            "SIGABRT": _("the grading process aborted"),
+            "SIGKILL": _(
+                "the grading process was killed (SIGKILL), most likely for using too much memory"
+            ),
+            "SIGXFSZ": _("the grading process wrote more output than allowed"),
+        }
+        return said.get(name) or _("the grading process was killed by {signal}").format(signal=name)
+    return _(
+        "the grading process exited with code {code} (the code called os._exit or sys.exit, "
+        "or crashed)"
+    ).format(code=code)
 
 
 def log_tail(log: Path, lines: int = LOG_LINES) -> str:
@@ -228,20 +236,27 @@ def follow(
 
 def over_a_limit(
     watch: Watch, cpu: float | None, now: float, limits: Limits, hard_cpu: float
-) -> str:
-    """Return why the child must be stopped now, or "" if it may go on."""
+) -> tuple[str, str]:
+    """Return (the limit, why) the child must be stopped now, or ("", "") if it may go on; the
+    limit is PROCESSOR_TIME, "idle" or "wall time" (`why` is in the reader's language)."""
     busy = watch.case or watch.loading  # a case, or a statement while loading
     if busy and hard_cpu and cpu is not None and cpu - watch.case_cpu > hard_cpu:
-        return (
-            f"it used more than {limits.check_seconds:g} s of processor time, the "
+        return PROCESSOR_TIME, _(
+            "it used more than {seconds} s of processor time, the "
             "time limit per check, and did not stop"
-        )
+        ).format(seconds=f"{limits.check_seconds:g}")
     if busy and limits.idle_seconds and now - watch.computed_at > limits.idle_seconds:
-        return (
-            f"it computed nothing for {limits.idle_seconds:g} s: it was waiting "
+        return "idle", _(
+            "it computed nothing for {seconds} s: it was waiting "
             "(time.sleep, input(), a lock or a pipe)"
-        )
+        ).format(seconds=f"{limits.idle_seconds:g}")
     if limits.exercise_seconds and now - watch.exercise_started > limits.exercise_seconds:
-        what = f"loading {watch.loading}" if watch.loading else "this exercise"
-        return f"{what} ran past the time limit of {limits.exercise_seconds:g} s of wall time"
-    return ""
+        seconds = f"{limits.exercise_seconds:g}"
+        if watch.loading:
+            return "wall time", _(
+                "loading {notebook} ran past the time limit of {seconds} s of wall time"
+            ).format(notebook=watch.loading, seconds=seconds)
+        return "wall time", _(
+            "this exercise ran past the time limit of {seconds} s of wall time"
+        ).format(seconds=seconds)
+    return "", ""
