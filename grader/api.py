@@ -83,8 +83,10 @@ from grader.base.outcomes import (
 )
 from grader.base.values import SeenTensor
 from grader.fixtures import (
+    SGD_SETTINGS,
     FirstBatches,
     RecordedBatches,
+    RunLog,
     batch_name,
     cycle,
     lenet_loss,
@@ -95,6 +97,8 @@ from grader.fixtures import (
     sample_images,
     seeded,
     sgd_step,
+    sgd_update,
+    state,
     which_replica,
 )
 from grader.i18n import N_, _
@@ -145,6 +149,8 @@ __all__ = [
     # inputs and stand-ins the exercises share
     "FirstBatches",
     "RecordedBatches",
+    "RunLog",
+    "SGD_SETTINGS",
     "batch_name",
     "cycle",
     "lenet_loss",
@@ -155,6 +161,8 @@ __all__ = [
     "sample_images",
     "seeded",
     "sgd_step",
+    "sgd_update",
+    "state",
     "which_replica",
     # process groups (the distributed notebook)
     "COLLECTIVES",

@@ -11,6 +11,7 @@ from unittest import mock
 
 import torch
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import dplab
 from dplab import settings
@@ -56,6 +57,83 @@ def sgd_step(params: Iterable[Tensor], lr: float) -> None:
         for p in params:
             if p.grad is not None:
                 p.add_(p.grad, alpha=-lr)
+
+
+def sgd_update(
+    params: list[Tensor],
+    lr: float,
+    buffers: dict[int, Tensor],
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+) -> None:
+    """Take one step of torch.optim.SGD's rule with these settings (its defaults: plain SGD),
+    written out as `sgd_step` is. `buffers` keeps each parameter's momentum between steps, by
+    position."""
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            if p.grad is None:
+                continue
+            grad = p.grad.add(p, alpha=weight_decay) if weight_decay else p.grad
+            if momentum:
+                if i not in buffers:
+                    buffers[i] = grad.clone()
+                else:
+                    buffers[i].mul_(momentum).add_(grad, alpha=1 - dampening)
+                grad = grad.add(buffers[i], alpha=momentum) if nesterov else buffers[i]
+            p.add_(grad, alpha=-lr)
+
+
+# What torch.optim.SGD's settings are, and their defaults: RunLog notes them.
+SGD_SETTINGS = {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
+
+
+def state(net: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
+
+
+class RunLog:
+    """Notes a rank's training run as it reaches the network and the optimizer, whatever
+    loads the data: for each forward pass, the mode, whether gradients were on, the batch
+    size and the training examples in it (found by their values: -1 for an input that is no
+    example of `X`); for each optimizer step, the optimizer and its settings. Also keeps the
+    weights at the first training pass. `close()` stops noting optimizer steps (a hook of all
+    of torch.optim)."""
+
+    def __init__(self, net: nn.Module, X: torch.Tensor) -> None:
+        self.log: list[dict] = []
+        self.first: dict[str, torch.Tensor] = {}
+        index = {row.numpy().tobytes(): i for i, row in enumerate(X.to(torch.float32))}
+
+        def note_forward(module, inputs):
+            batch = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+            training = bool(module.training) and torch.is_grad_enabled()
+            examples = []
+            if training and batch is not None:
+                rows = batch.detach().to("cpu", torch.float32).contiguous()
+                examples = [index.get(row.numpy().tobytes(), -1) for row in rows]
+            size = int(len(batch)) if batch is not None else 0
+            self.log.append(
+                {"event": "forward", "training": training, "size": size, "examples": examples}
+            )
+            if training and not self.first:
+                self.first.update(state(module))
+
+        def note_step(optimizer, args, kwargs):
+            group = optimizer.param_groups[0] if optimizer.param_groups else {}
+            settings = {k: group.get(k) for k in ("lr", *SGD_SETTINGS, "maximize")}
+            settings = {
+                k: float(v) if isinstance(v, int | float | torch.Tensor) else v
+                for k, v in settings.items()
+            }
+            self.log.append({"event": "step", "optimizer": type(optimizer).__name__, **settings})
+
+        net.register_forward_pre_hook(note_forward)
+        self._step_hook = register_optimizer_step_pre_hook(note_step)
+
+    def close(self) -> None:
+        self._step_hook.remove()
 
 
 def lenet_replicas(seed: int, devices: list[torch.device]) -> list[list[Tensor]]:

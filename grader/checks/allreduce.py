@@ -3,9 +3,11 @@
 import torch
 
 from grader.api import (
+    N_,
     Crash,
     Fail,
     SeenTensor,
+    _,
     as_tensor,
     attempt,
     case,
@@ -20,7 +22,6 @@ from grader.api import (
     raised_in,
     short,
 )
-from grader.i18n import N_, _
 
 REBIND_HINT = N_(
     "`data[i] = ...` only makes the list point at a new tensor; the tensor the caller holds "

@@ -16,8 +16,10 @@ import torch.distributed as dist
 from torch import nn
 
 from grader.api import (
+    N_,
     Fail,
     SeenTensor,
+    _,
     apart,
     case,
     check,
@@ -29,7 +31,6 @@ from grader.api import (
     in_rank,
     recording_calls,
 )
-from grader.i18n import N_, _
 
 BATCH = 24  # the global batch: 2, 3 and 4 ranks get equal shards of it
 MEAN_HINT = N_(

@@ -7,7 +7,7 @@ about 4 KiB, which cuts it into three. The checks compare the gradients with one
 the whole batch, count the all_reduce calls, and read what each bucket held.
 """
 
-from grader.api import Fail, check, expect, groups_finished
+from grader.api import N_, Fail, _, check, expect, groups_finished
 from grader.checks.average_gradients import (
     UNCHANGED_HINT,
     expect_mean_gradients,
@@ -15,7 +15,6 @@ from grader.checks.average_gradients import (
     gradients_of_a_shard,
     plain,
 )
-from grader.i18n import N_, _
 
 SMALL_MB = 0.004  # 4,194 bytes: the checks' network falls into three buckets
 BUCKET_HINT = N_(

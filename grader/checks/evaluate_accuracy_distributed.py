@@ -14,6 +14,8 @@ import torch.distributed as dist
 from torch import nn
 
 from grader.api import (
+    N_,
+    _,
     case,
     check,
     error_hints,
@@ -25,7 +27,6 @@ from grader.api import (
     recording_calls,
     returned,
 )
-from grader.i18n import N_, _
 
 COUNT_HINT = N_(
     "Count on each rank: the correct predictions (d2l.accuracy) and the number of examples, "

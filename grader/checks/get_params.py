@@ -5,8 +5,10 @@ from torch import nn
 
 import dplab
 from grader.api import (
+    N_,
     Fail,
     SeenTensor,
+    _,
     case,
     check,
     error_hints,
@@ -18,7 +20,6 @@ from grader.api import (
     seeded,
     short,
 )
-from grader.i18n import N_, _
 
 SAME_TENSOR_HINT = N_(
     "`.to(device)` returns the very same tensor when it is already on that device, so the "

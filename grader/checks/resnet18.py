@@ -9,8 +9,7 @@ the first forward pass, so each case runs the network once before looking at its
 import torch
 from torch import nn
 
-from grader.api import Fail, attempt, case, check, error_hints, expect, returned, seeded
-from grader.i18n import _
+from grader.api import Fail, _, attempt, case, check, error_hints, expect, returned, seeded
 
 PARAMETERS = 11_175_818  # in all, for 10 classes
 STEM_PARAMETERS = 64 * 1 * 3 * 3 + 64 + 2 * 64  # the 3x3 convolution and its batch norm

@@ -14,8 +14,10 @@ import torch.distributed as dist
 
 from grader.api import (
     COLLECTIVES,
+    N_,
     Fail,
     SeenTensor,
+    _,
     all_reduce,
     case,
     check,
@@ -29,7 +31,6 @@ from grader.api import (
     in_rank,
     recording_calls,
 )
-from grader.i18n import N_, _
 
 # Collectives that move data: a ring that calls one did not do the summing itself.
 SUMMING = tuple(c for c in COLLECTIVES if c not in ("barrier",))

@@ -5,6 +5,7 @@ import torch
 from grader.api import (
     Fail,
     SeenTensor,
+    _,
     case,
     check,
     cycle,
@@ -13,7 +14,6 @@ from grader.api import (
     expect_equal,
     short,
 )
-from grader.i18n import _
 
 UNEVEN = [(5, 2), (7, 3), (8, 4)]  # (rows, devices)
 

@@ -15,8 +15,10 @@ import torch
 
 import dplab
 from grader.api import (
+    N_,
     Fail,
     SeenTensor,
+    _,
     case,
     check,
     close,
@@ -29,7 +31,6 @@ from grader.api import (
     seeded,
     which_replica,
 )
-from grader.i18n import N_, _
 
 LR = 0.1
 SCALE = 0.1  # larger than the book's 0.01, so that every layer's update is clearly visible

@@ -24,6 +24,7 @@ import dplab
 from grader.api import (
     RecordedBatches,
     SeenTensor,
+    _,
     attempt,
     batch_name,
     case,
@@ -34,7 +35,6 @@ from grader.api import (
     sample_images,
 )
 from grader.checks.train_loop import expect_history
-from grader.i18n import _
 
 LR = 0.5
 EPOCHS = 10

@@ -23,6 +23,7 @@ from grader.api import (
     Fail,
     FirstBatches,
     RecordedBatches,
+    _,
     attempt,
     batch_name,
     case,
@@ -34,7 +35,6 @@ from grader.api import (
     sample_images,
     which_replica,
 )
-from grader.i18n import _
 
 # The book's summary line, in the English edition and in the Chinese one.
 SUMMARY = re.compile(

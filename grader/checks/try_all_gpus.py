@@ -1,7 +1,6 @@
 """Public checks of `try_all_gpus()`: every GPU, or `[cpu]` when there is none."""
 
-from grader.api import case, check, expect, pretend_gpus
-from grader.i18n import _
+from grader.api import _, case, check, expect, pretend_gpus
 
 
 def listing(student) -> dict:

@@ -1,7 +1,6 @@
 """Public checks of `try_gpu(i=0)`: GPU `i` when it exists, otherwise the CPU."""
 
-from grader.api import attempt, case, check, expect, pretend_gpus, returned
-from grader.i18n import _
+from grader.api import _, attempt, case, check, expect, pretend_gpus, returned
 
 
 def expect_devices(calls: list[dict], wanted: list[str], setting: str, asked: str) -> None:

@@ -2,9 +2,8 @@
 
 import torch
 
-from grader.api import check, expect_close, expect_equal
+from grader.api import _, check, expect_close, expect_equal
 from grader.checks.allreduce import REBIND_HINT, all_finished, given_lists, rebound
-from grader.i18n import _
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int16]
 

@@ -1,6 +1,6 @@
 """Hidden checks of `average_gradients_bucketed`: another bucket size."""
 
-from grader.api import check, expect, groups_finished
+from grader.api import _, check, expect, groups_finished
 from grader.checks.average_gradients import gradients_of_a_shard
 from grader.checks.average_gradients_bucketed import (
     BUCKET_HINT,
@@ -8,7 +8,6 @@ from grader.checks.average_gradients_bucketed import (
     expected_buckets,
     reduced,
 )
-from grader.i18n import _
 
 OTHER_MB = 0.002
 

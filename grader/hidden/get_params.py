@@ -1,9 +1,8 @@
 """Hidden checks of `get_params`."""
 
 import dplab
-from grader.api import check, expect, expect_close
+from grader.api import _, check, expect, expect_close
 from grader.checks.get_params import SAME_TENSOR_HINT, copies_of, copy_in_place_then_change
-from grader.i18n import _
 
 parameters_that_require_grad = copy_in_place_then_change.using(
     "parameters_that_require_grad",

@@ -2,9 +2,8 @@
 
 from functools import cache
 
-from grader.api import check, expect
+from grader.api import _, check, expect
 from grader.checks.resnet18 import layer_tree, layers
-from grader.i18n import _
 
 
 @cache

@@ -2,9 +2,8 @@
 
 import torch
 
-from grader.api import check, expect, expect_equal
+from grader.api import _, check, expect, expect_equal
 from grader.checks.split_batch import given_batches, pair_of
-from grader.i18n import _
 
 
 def random_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:

@@ -2,9 +2,8 @@
 
 import torch
 
-from grader.api import check, expect_close, random_batch, seeded
+from grader.api import _, check, expect_close, random_batch, seeded
 from grader.checks.train_batch import LR, NAMES, random_steps, replicas_of, start
-from grader.i18n import _
 
 four_replicas = random_steps.using(
     "four_replicas", "One step on 10 random examples over four devices (3, 3, 3 and 1).", n=10, k=4

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from grader.api import check, expect, expect_close, sgd_step
+from grader.api import _, check, expect, expect_close, sgd_step
 from grader.checks.train_dataparallel import (
     EPOCHS,
     LR,
@@ -13,7 +13,6 @@ from grader.checks.train_dataparallel import (
     training_run,
 )
 from grader.checks.train_loop import summary
-from grader.i18n import _
 
 ten_epochs_without_batch_norm = training_run.using(
     "ten_epochs_without_batch_norm",

@@ -1,6 +1,6 @@
 """Hidden checks of `train_ddp`: another global batch, learning rate and number of epochs."""
 
-from grader.api import check, expect, expect_close
+from grader.api import _, check, expect, expect_close
 from grader.checks.train_ddp import (
     expect_the_given_optimizer,
     finished_runs,
@@ -10,7 +10,6 @@ from grader.checks.train_ddp import (
     training_run,
     training_steps,
 )
-from grader.i18n import _
 
 LR, BATCH, EPOCHS = 0.2, 48, 3
 

@@ -1,8 +1,7 @@
 """Hidden checks of the from-scratch `train(...)` loop."""
 
-from grader.api import check, expect
+from grader.api import _, check, expect
 from grader.checks.train_loop import EPOCHS, recorded_run
-from grader.i18n import _
 
 one_device = recorded_run.using(
     "one_device",

@@ -1,8 +1,7 @@
 """Hidden checks of `try_all_gpus`."""
 
-from grader.api import check
+from grader.api import _, check
 from grader.checks.try_all_gpus import expect_listing, listing_with_gpus
-from grader.i18n import _
 
 one_gpu = listing_with_gpus.using("one_gpu", "Pretend there is exactly one GPU.", gpus=1)
 

@@ -1,8 +1,7 @@
 """Hidden checks of `try_gpu`."""
 
-from grader.api import check
+from grader.api import _, check
 from grader.checks.try_gpu import ask_with_gpus, expect_devices
-from grader.i18n import _
 
 no_gpu = ask_with_gpus.using("no_gpu", "Pretend there is no GPU at all.", gpus=0, indices=[0, 1])
 
