@@ -8,6 +8,7 @@ points). `sync_points` writes them into those cells; `problems` lists what does 
 import json
 from pathlib import Path
 
+from grader.i18n import _
 from grader.judge.registry import exercise_points
 from grader.load.notebook import cells_by_grade_id
 from grader.manifest import load_manifest, solutions_dir
@@ -20,18 +21,34 @@ def problems(folder: Path | None = None) -> list[str]:
     for ex in load_manifest().exercises:
         path = folder / ex.notebook
         if not path.is_file():
-            found.append(f"{ex.id}: its notebook {path} is missing")
+            found.append(
+                _("{exercise}: its notebook {path} is missing").format(exercise=ex.id, path=path)
+            )
             continue
         cells = cells_by_grade_id(path)
         if f"{ex.id}-solution" not in cells:
-            found.append(f"{ex.id}: {ex.notebook} has no solution cell '{ex.id}-solution'")
+            found.append(
+                _("{exercise}: {notebook} has no solution cell '{cell}'").format(
+                    exercise=ex.id, notebook=ex.notebook, cell=f"{ex.id}-solution"
+                )
+            )
         checks = cells.get(f"{ex.id}-checks")
         if checks is None:
-            found.append(f"{ex.id}: {ex.notebook} has no check cell '{ex.id}-checks'")
+            found.append(
+                _("{exercise}: {notebook} has no check cell '{cell}'").format(
+                    exercise=ex.id, notebook=ex.notebook, cell=f"{ex.id}-checks"
+                )
+            )
         elif float(checks["metadata"]["nbgrader"].get("points", -1)) != exercise_points(ex):
             found.append(
-                f"{ex.id}: the check cell gives {checks['metadata']['nbgrader'].get('points')} "
-                f"points, its checks {exercise_points(ex):g} (run `python -m grader sync`)"
+                _(
+                    "{exercise}: the check cell gives {cell_points} points, its checks "
+                    "{points} (run `python -m grader sync`)"
+                ).format(
+                    exercise=ex.id,
+                    cell_points=checks["metadata"]["nbgrader"].get("points"),
+                    points=f"{exercise_points(ex):g}",
+                )
             )
     return found
 
@@ -53,7 +70,11 @@ def sync_points(folder: Path | None = None) -> list[str]:
                 if meta.get("points") != points:
                     meta["points"] = points
                     dirty = True
-                    changed.append(f"{name}: {grade_id} now gives {points:g} points")
+                    changed.append(
+                        _("{notebook}: {cell} now gives {points} points").format(
+                            notebook=name, cell=grade_id, points=f"{points:g}"
+                        )
+                    )
         if dirty:
             path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return changed

@@ -7,7 +7,9 @@ from pathlib import Path
 from grader import i18n
 from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
+from grader.i18n import _
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
+from grader.load.notebook import CELL, CELL_DEFINING
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Exercise, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
@@ -19,7 +21,7 @@ from grader.sandbox.starting import children_fence, fork_server
 def exercise_table() -> str:
     """Return the manifest's exercises as a Markdown table (the README shows the same)."""
     manifest = load_manifest()
-    rows = ["| id | notebook | function | points | what you write |", "|---|---|---|---|---|"]
+    rows = [_("| id | notebook | function | points | what you write |"), "|---|---|---|---|---|"]
     for ex in manifest.exercises:
         rows.append(
             f"| `{ex.id}` | `{ex.notebook}` | `{ex.function}` | "
@@ -34,7 +36,7 @@ def mistake_table(exercises: list[str] | None = None) -> str:
 
     manifest = load_manifest()
     wanted = [manifest.exercise(e) for e in exercises] if exercises else manifest.exercises
-    rows = ["| exercise | mistake | caught by | seen in |", "|---|---|---|---|"]
+    rows = [_("| exercise | mistake | caught by | seen in |"), "|---|---|---|---|"]
     for ex in wanted:
         for name, m in mistakes_of(ex).items():
             rows.append(f"| `{ex.id}` | {name.replace('_', ' ')} | `{m.fails}` | {m.seen_in} |")
@@ -203,9 +205,18 @@ def parser() -> argparse.ArgumentParser:
 
 def about(note: str, exercises: list[Exercise]) -> bool:
     """Return True for a loading note about a cell of one of `exercises`: its solution or
-    check cell (by grade id), or the cell that defines its function."""
+    check cell (by grade id), or the cell that defines its function (a note in any of the
+    lab's languages)."""
+
+    def said(message: str, **fields: str) -> set[str]:
+        return {i18n.translate(lang, message).format(**fields) for lang in i18n.LANGUAGES}
+
     return any(
-        f"cell `{ex.id}-" in note or f"cell that defines `{ex.function}`" in note
+        any(
+            name in note
+            for name in said(CELL, label=f"`{ex.id}-")
+            | said(CELL_DEFINING, name=f"`{ex.function}`")
+        )
         for ex in exercises
     )
 
@@ -213,18 +224,19 @@ def about(note: str, exercises: list[Exercise]) -> bool:
 def run_check(args: argparse.Namespace) -> int:
     manifest = load_manifest()
     sub = select_exercises(find_submission(args.path, manifest), args.exercise)
-    unfit = unfit_notebooks(sub, manifest)
-    if unfit:  # one clear error, and no report of checks that could judge nothing
-        for problem in unfit:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
-    result = grade_submission(sub, hidden=False, limits=limits_of(args))
-    if args.exercise:  # the notes about other exercises' cells are not this student's question
-        chosen = [manifest.exercise(e) for e in args.exercise]
-        result.notes = [note for note in result.notes if about(note, chosen)]
-    titles = {ex.id: ex.title for ex in manifest.exercises}
-    totals = {ex.id: exercise_total(ex) for ex in manifest.exercises}
-    print(render_submission(result, titles, totals))
+    with i18n.speaking(sub.language):  # all the student reads, in the notebook's language
+        unfit = unfit_notebooks(sub, manifest)
+        if unfit:  # one clear error, and no report of checks that could judge nothing
+            for problem in unfit:
+                print(_("error: {error}").format(error=problem), file=sys.stderr)
+            return 2
+        result = grade_submission(sub, hidden=False, limits=limits_of(args))
+        if args.exercise:  # notes about other exercises' cells are not this student's question
+            chosen = [manifest.exercise(e) for e in args.exercise]
+            result.notes = [note for note in result.notes if about(note, chosen)]
+        titles = {ex.id: ex.title for ex in manifest.exercises}
+        totals = {ex.id: exercise_total(ex) for ex in manifest.exercises}
+        print(render_submission(result, titles, totals))
     everything = all(c.passed for e in result.exercises for c in e.checks)
     return 0 if everything else 1
 
@@ -244,7 +256,9 @@ def run_grade(args: argparse.Namespace) -> int:
         prefetch(subs[0], references=not args.public_only)
     fence = children_fence(fork_server())
     print(
-        f"grading {len(subs)} submission(s), {args.jobs} at a time; sandbox: {fence.description}",
+        _("grading {count} submission(s), {jobs} at a time; sandbox: {sandbox}").format(
+            count=len(subs), jobs=args.jobs, sandbox=fence.described()
+        ),
         file=terminal,
         flush=True,
     )
@@ -263,15 +277,15 @@ def run_grade(args: argparse.Namespace) -> int:
         print(f"{r.id}: {r.score:g}/{r.max_score:g}")
     print()
     print(summary_table(results, manifest))
-    for what, where in (
-        ("report", args.json),
-        ("gradebook", args.csv),
-        ("Gradescope results", args.gradescope),
-        ("nbgrader's gradebook", args.gradebook),
-        ("feedback", args.feedback),
+    for written, where in (
+        (_("report written to {path}"), args.json),
+        (_("gradebook written to {path}"), args.csv),
+        (_("Gradescope results written to {path}"), args.gradescope),
+        (_("nbgrader's gradebook written to {path}"), args.gradebook),
+        (_("feedback written to {path}"), args.feedback),
     ):
         if where:
-            print(f"{what} written to {where}")
+            print(written.format(path=where))
     return 0
 
 
@@ -280,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         i18n.choose(args.lang)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(_("error: {error}").format(error=error), file=sys.stderr)
         return 2
     try:
         if args.command == "messages":
@@ -295,8 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(mistake_table(args.exercise))
             except ModuleNotFoundError:
                 print(
-                    "error: the catalogue of mistakes is not installed here; it stays on the "
-                    "instructor's side",
+                    _(
+                        "error: the catalogue of mistakes is not installed here; it stays on the "
+                        "instructor's side"
+                    ),
                     file=sys.stderr,
                 )
                 return 2
@@ -312,21 +328,30 @@ def main(argv: list[str] | None = None) -> int:
 
             found = [p for nb in load_manifest().notebooks for p in problems(args.language, nb)]
             for problem in found:
-                print(f"error: {problem}", file=sys.stderr)
+                print(_("error: {error}").format(error=problem), file=sys.stderr)
             if found:
                 return 2
             for path in write_edition(args.language, args.folder):
-                print(f"wrote {path}")
+                print(_("wrote {path}").format(path=path))
             return 0
         if args.command == "check":
             return run_check(args)
         return run_grade(args)
     except (FileNotFoundError, KeyError, GradebookError, FeedbackError) as error:
-        print(f"error: {error.args[0] if error.args else error}", file=sys.stderr)
+        said = error.args[0] if error.args else error
+        print(_("error: {error}").format(error=said), file=sys.stderr)
         return 2
     except HiddenChecksUnavailable as error:
-        print(f"error: {error}; add --public-only to grade with the public checks", file=sys.stderr)
+        print(
+            _("error: {error}; add --public-only to grade with the public checks").format(
+                error=error
+            ),
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted: the submissions graded so far are in the reports", file=sys.stderr)
+        print(
+            "\n" + _("interrupted: the submissions graded so far are in the reports"),
+            file=sys.stderr,
+        )
         return 130

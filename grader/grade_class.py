@@ -31,6 +31,7 @@ from grader.grading import (
     select_exercises,
     stop_all_children,
 )
+from grader.i18n import _
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
@@ -141,7 +142,9 @@ class Progress:
 
     def show(self, done: int, running: int, last: SubmissionResult | None = None) -> None:
         left = self.total - done - running
-        counts = f"{done}/{self.total} graded, {running} running, {left} left"
+        counts = _("{done}/{total} graded, {running} running, {left} left").format(
+            done=done, total=self.total, running=running, left=left
+        )
         if self.live:
             width = 24
             filled = round(width * done / self.total) if self.total else width

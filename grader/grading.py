@@ -146,7 +146,9 @@ def _graded(
     for name in sorted(set(collected.notes) | set(collected.skip_notes)):
         items = collected.skip_notes.get(name, []) + collected.notes.get(name, [])
         notes += [f"{name}: {item}" for item in items]
-    return submission_result(sub.id, str(sub.path), results, notes)
+    return dataclasses.replace(
+        submission_result(sub.id, str(sub.path), results, notes), language=sub.language
+    )
 
 
 def select_exercises(sub: Submission, exercises: list[str] | None) -> Submission:

@@ -7,13 +7,17 @@ reads partial credit from an autograded cell.
 
 import contextlib
 import io
+import json
+import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
-from grader import settings
+from grader import i18n, settings
 from grader.api import Context, Student
 from grader.devices import grading_devices
 from grader.grading import DEVICES
+from grader.i18n import _
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
@@ -26,19 +30,61 @@ from grader.sandbox.runner import run_checks
 _public: dict[str, tuple[object, list[CheckResult]]] = {}
 
 
+def _shell():
+    """Return the IPython shell this runs in, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def notebook_path() -> Path | None:
+    """Return the path of the notebook this kernel runs, where Jupyter says it: `__session__`
+    (ipykernel sets it from JPY_SESSION_NAME), else JPY_SESSION_NAME itself."""
+    shell = _shell()
+    session = shell.user_ns.get("__session__") if shell is not None else None
+    session = session or os.environ.get("JPY_SESSION_NAME")
+    if not isinstance(session, str) or not session:
+        return None
+    path = Path(session)
+    for candidate in (path, Path.cwd() / path.name):  # (a kernel runs in its notebook's folder)
+        if candidate.suffix == ".ipynb" and candidate.is_file():
+            return candidate
+    return None
+
+
+def kernel_language() -> str:
+    """Return the language to speak in this kernel: that of its notebook (`metadata.lab.
+    language`, which the translated notebooks carry), else the run's (LAB_LANG, the locale)."""
+    path = notebook_path()
+    if path is not None:
+        try:
+            language = i18n.notebook_language(json.loads(path.read_bytes()))
+        except (OSError, ValueError, AttributeError):
+            language = None
+        if language:
+            return language
+    return i18n.default_language()
+
+
 def _namespace(ex: Exercise, function: Callable | None) -> dict:
     """Return the names the student's code sees: those of `function`'s notebook."""
     if function is not None:
         if not callable(function):
-            raise TypeError(f"pass the function itself, e.g. check({ex.id!r}, {ex.function})")
+            raise TypeError(
+                _("pass the function itself, e.g. check({exercise}, {function})").format(
+                    exercise=repr(ex.id), function=ex.function
+                )
+            )
         return function.__globals__
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        get_ipython = None
-    shell = get_ipython() if get_ipython else None
+    shell = _shell()
     if shell is None:
-        raise TypeError(f"outside a notebook, pass the function: check({ex.id!r}, {ex.function})")
+        raise TypeError(
+            _("outside a notebook, pass the function: check({exercise}, {function})").format(
+                exercise=repr(ex.id), function=ex.function
+            )
+        )
     return shell.user_ns
 
 
@@ -58,21 +104,31 @@ class Points(float):
     the plain text of its result ("6.0"); JupyterLab shows the richer line below instead of a
     bare number under the report."""
 
-    def __new__(cls, earned: float, checked: float, total: float, hidden: bool) -> "Points":
+    def __new__(
+        cls, earned: float, checked: float, total: float, hidden: bool, language: str = "en"
+    ) -> "Points":
         points = super().__new__(cls, earned)
         points.checked, points.total, points.hidden = checked, total, hidden
+        points.language = language
         return points
 
     def _repr_markdown_(self) -> str:
-        line = f"**{float(self):g} of {self.total:g} points**"
-        if self.hidden:
-            return line + " (public and hidden checks)"
-        if self.total <= self.checked:
-            return line
-        return (
-            f"{line} so far: the public checks hold {self.checked:g} of them. Hidden checks, "
-            f"run when your work is graded, hold the other {self.total - self.checked:g}."
-        )
+        with i18n.speaking(self.language):
+            line = _("**{earned} of {total} points**").format(
+                earned=f"{float(self):g}", total=f"{self.total:g}"
+            )
+            if self.hidden:
+                return _("{points} (public and hidden checks)").format(points=line)
+            if self.total <= self.checked:
+                return line
+            return _(
+                "{points} so far: the public checks hold {public} of them. Hidden checks, "
+                "run when your work is graded, hold the other {hidden}."
+            ).format(
+                points=line,
+                public=f"{self.checked:g}",
+                hidden=f"{self.total - self.checked:g}",
+            )
 
 
 def check(exercise_id: str, function: Callable | None = None, hidden: bool = False) -> float:
@@ -82,6 +138,12 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     exercise's function is taken from the notebook. With hidden=True (the instructor's copy)
     the hidden checks are added to the public ones just run on the same function.
     """
+    language = kernel_language()
+    with i18n.speaking(language):
+        return _check(exercise_id, function, hidden, language)
+
+
+def _check(exercise_id: str, function: Callable | None, hidden: bool, language: str) -> float:
     ex = load_manifest().exercise(exercise_id)
     namespace = _namespace(ex, function)
     current = namespace.get(ex.function)
@@ -100,5 +162,5 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     total = result.max_score if hidden else exercise_total(ex)
     print(render_exercise(result, ex.title, total))
     if stray.getvalue().strip():
-        print("(printed to stderr while checking:)\n" + stray.getvalue().strip()[-2000:])
-    return Points(result.score, result.max_score, total, hidden)
+        print(_("(printed to stderr while checking:)") + "\n" + stray.getvalue().strip()[-2000:])
+    return Points(result.score, result.max_score, total, hidden, language)

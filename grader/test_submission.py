@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from grader.grading import grade_path
+from grader.i18n import _
 from grader.judge.registry import hidden_available, hidden_checks, public_checks
 from grader.manifest import REPO, load_manifest
 
@@ -68,6 +69,7 @@ def verdicts(request) -> dict:
 def test_check(verdicts, exercise_id, check_name):
     verdict = verdicts.get((exercise_id, check_name))
     if verdict is None:
-        pytest.fail(f"{check_name} was not graded", pytrace=False)
+        pytest.fail(_("{check} was not graded").format(check=check_name), pytrace=False)
     if not verdict.passed:
-        pytest.fail(f"{verdict.message}\nhint: {verdict.hint}", pytrace=False)
+        hint = _("hint: {hint}").format(hint=verdict.hint)
+        pytest.fail(f"{verdict.message}\n{hint}", pytrace=False)

@@ -16,6 +16,7 @@ import json
 import tomllib
 from pathlib import Path
 
+from grader.i18n import _
 from grader.manifest import REPO, load_manifest, solutions_dir
 
 LANGUAGES = ("zh_CN",)
@@ -56,24 +57,42 @@ def problems(language: str, notebook: str) -> list[str]:
     cells = {c.get("id"): c for c in source_cells(notebook)}
     for cell_id in known:
         if cell_id not in cells:
-            found.append(f"{where}: [{cell_id}] is not a cell of {notebook}")
+            found.append(
+                _("{file}: [{cell}] is not a cell of {notebook}").format(
+                    file=where, cell=cell_id, notebook=notebook
+                )
+            )
     for cell_id, cell in cells.items():
         entry = known.get(cell_id)
         if entry is None:
             if cell["cell_type"] == "markdown":
-                found.append(f"{where}: Markdown cell {cell_id} of {notebook} is not translated")
+                found.append(
+                    _("{file}: Markdown cell {cell} of {notebook} is not translated").format(
+                        file=where, cell=cell_id, notebook=notebook
+                    )
+                )
             continue
         if entry.get("english") != digest(_text(cell)):
             found.append(
-                f"{where}: [{cell_id}] translates an older text of that cell: translate it "
-                f'again and set english = "{digest(_text(cell))}"'
+                _(
+                    "{file}: [{cell}] translates an older text of that cell: translate it "
+                    'again and set english = "{digest}"'
+                ).format(file=where, cell=cell_id, digest=digest(_text(cell)))
             )
         if cell["cell_type"] == "markdown" and not str(entry.get("text", "")).strip():
-            found.append(f"{where}: [{cell_id}] is a Markdown cell and has no text")
+            found.append(
+                _("{file}: [{cell}] is a Markdown cell and has no text").format(
+                    file=where, cell=cell_id
+                )
+            )
         lines = _text(cell).splitlines()
         for pair in entry.get("lines", []):
             if len(pair) != 2 or pair[0] not in lines:
-                found.append(f"{where}: [{cell_id}] has no line {pair[0]!r}")
+                found.append(
+                    _("{file}: [{cell}] has no line {line}").format(
+                        file=where, cell=cell_id, line=repr(pair[0])
+                    )
+                )
     return found
 
 

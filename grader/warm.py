@@ -32,6 +32,7 @@ from pathlib import Path
 
 from grader import settings
 from grader.base.printed import ReaderGone
+from grader.i18n import _
 from grader.sandbox.fence import (
     Fence,
 )
@@ -181,7 +182,7 @@ def run_warm(argv: list[str]) -> int | None:
     found = connect_warm(session=False, wait=False)
     if found is None:
         return None
-    connection, _ = found
+    connection = found[0]
     command = json.dumps({"command": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
     try:
         socket.send_fds(connection, [command.encode()], [0, 1, 2])
@@ -206,7 +207,7 @@ def run_warm(argv: list[str]) -> int | None:
             return int(said["code"])
         if pid is None:
             return None  # it never started: run here instead
-        print("the grader's process ended without an exit code", file=sys.stderr)
+        print(_("the grader's process ended without an exit code"), file=sys.stderr)
         return 1
 
 

@@ -21,6 +21,7 @@ import importlib.util
 import io
 import json
 import linecache
+import re
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +46,7 @@ from dplab.notebook import (
     strip_magics as strip_magics,
 )
 from grader.base.printed import captured
+from grader.i18n import N_, _
 from grader.limits import TimeLimit, time_limit
 
 # What a notebook imports only to draw: where not yet imported, it loads when first used
@@ -84,6 +86,28 @@ def imported_when_used(names: tuple[str, ...] = WHEN_USED) -> Iterator[None]:
         yield
     finally:
         sys.meta_path.remove(finder)
+
+
+# A code cell's name as the code's file name holds it (in English: reports find the student's
+# frames by it), and as a note says it: in the reader's language.
+CELL = N_("cell {label}")  # a cell named by its grade id or its first line, in backticks
+CELL_DEFINING = N_("cell that defines {name}")  # a cell named by what it defines
+CELL_NAMES = (
+    (re.compile(r"cell that defines (?P<name>`[^`]+`)"), CELL_DEFINING),
+    (re.compile(r"cell number (?P<number>\d+) \(empty\)"), N_("cell number {number} (empty)")),
+    (re.compile(r"cell (?P<label>`.+`)"), CELL),
+    (re.compile(r"code cell (?P<number>\d+)"), N_("code cell {number}")),
+    (re.compile(r"reference cell (?P<number>\d+)"), N_("reference cell {number}")),
+)
+
+
+def said_cell(cell: str) -> str:
+    """Return a code cell's name ("cell `allreduce-solution`", "code cell 3": see
+    `load_cells`) in the reader's language."""
+    for pattern, message in CELL_NAMES:
+        if found := pattern.fullmatch(cell):
+            return _(message).format(**found.groupdict())
+    return cell
 
 
 @dataclass
@@ -169,15 +193,16 @@ def _load_cells(
     for number, (raw, cell) in enumerate(zip(cells, names, strict=True), start=1):
         source, note = strip_magics(raw)
         if note:
-            loaded.notes.append(f"{cell}: {note}")
+            loaded.notes.append(_("{cell}: {note}").format(cell=said_cell(cell), note=note))
         filename = f"<{path.name}, {cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             tree = ast.parse(source, filename=filename)
         except SyntaxError as error:
             loaded.notes.append(
-                f"{cell}: syntax error on line {error.lineno}: {error.msg}; "
-                "nothing in this cell was loaded"
+                _(
+                    "{cell}: syntax error on line {line}: {error}; nothing in this cell was loaded"
+                ).format(cell=said_cell(cell), line=error.lineno, error=error.msg)
             )
             continue
         for statement in tree.body:
@@ -197,11 +222,14 @@ def _run_statement(
     loaded: Loaded,
     seconds: float | None,
 ) -> None:
-    where = f"{cell}, line {statement.lineno}"
+    where = {"cell": said_cell(cell), "line": statement.lineno}
     if called := calls_any(statement, skip_calls):
         if called not in NEVER_CALLED:
             loaded.notes.append(
-                f"{where}: did not run this call of {called}(...): the checks call it on tiny data"
+                _(
+                    "{cell}, line {line}: did not run this call of {function}(...): "
+                    "the checks call it on tiny data"
+                ).format(**where, function=called)
             )
         return
     code = compile(ast.Module(body=[statement], type_ignores=[]), filename, "exec")
@@ -216,13 +244,17 @@ def _run_statement(
         pass  # a demo or training run in processes of its own: not for grading
     except TimeLimit:
         loaded.notes.append(
-            f"{where}: stopped after {seconds:g} s (the time limit); loading went on"
+            _(
+                "{cell}, line {line}: stopped after {seconds} s (the time limit); loading went on"
+            ).format(**where, seconds=f"{seconds:g}")
         )
     except (Exception, SystemExit) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        error_said = f"{type(error).__name__}: {message[:200]}" if message else type(error).__name__
         loaded.notes.append(
-            f"{where}: raised {type(error).__name__}{': ' + message[:200] if message else ''}"
-            " (loading went on)"
+            _("{cell}, line {line}: raised {error} (loading went on)").format(
+                **where, error=error_said
+            )
         )
 
 

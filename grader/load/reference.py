@@ -16,6 +16,7 @@ import threading
 from functools import cache
 from pathlib import Path
 
+from grader.i18n import _
 from grader.load.notebook import cells_by_grade_id, load_cells, read_cells
 from grader.manifest import load_manifest, solutions_dir
 
@@ -32,7 +33,9 @@ def available(notebook: str) -> bool:
 def _load(notebook: str) -> dict:
     path = solutions_dir() / notebook
     if not path.is_file():
-        raise FileNotFoundError(f"the reference solution {path} is missing; hidden checks need it")
+        raise FileNotFoundError(
+            _("the reference solution {path} is missing; hidden checks need it").format(path=path)
+        )
     manifest = load_manifest()
     functions = [ex.function for ex in manifest.in_notebook(notebook)]
     return load_cells(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from dplab.notebook import read_code_cells
 from grader import i18n
+from grader.i18n import _
 from grader.load.notebook import NotebookError, read_cells, strip_magics
 from grader.manifest import Exercise, Manifest
 
@@ -87,7 +88,9 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
     """Return the submission at `path`: a notebook file, or a folder of exercise notebooks."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: give a notebook or a folder of notebooks")
+        raise FileNotFoundError(
+            _("{path} does not exist: give a notebook or a folder of notebooks").format(path=path)
+        )
     language = submission_language(path, manifest.assignment)
     sub = Submission(submission_id(path, manifest), path, {}, [], language=language)
     with i18n.speaking(language):
@@ -95,6 +98,7 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
 
 
 def _found(sub: Submission, path: Path, manifest: Manifest) -> Submission:
+    graded_as = _("{file} was graded as {notebook}, whose functions it defines")
     if path.is_file():
         name = (
             path.name
@@ -103,15 +107,16 @@ def _found(sub: Submission, path: Path, manifest: Manifest) -> Submission:
         )
         if name is None:
             sub.notes.append(
-                f"{path.name} is not one of the lab's notebooks "
-                f"({', '.join(manifest.notebooks)}) and defines none of their "
-                "functions; it was graded against every exercise"
+                _(
+                    "{file} is not one of the lab's notebooks ({notebooks}) and defines none of "
+                    "their functions; it was graded against every exercise"
+                ).format(file=path.name, notebooks=", ".join(manifest.notebooks))
             )
             sub.notebooks = dict.fromkeys(manifest.notebooks, path)
             sub.exercises = list(manifest.exercises)
             return sub
         if name != path.name:
-            sub.notes.append(f"{path.name} was graded as {name}, whose functions it defines")
+            sub.notes.append(graded_as.format(file=path.name, notebook=name))
         sub.notebooks = {name: path}
         sub.exercises = manifest.in_notebook(name)
         return sub
@@ -130,9 +135,13 @@ def _found(sub: Submission, path: Path, manifest: Manifest) -> Submission:
         if missing and (name := best_match(other, manifest, missing)):
             sub.notebooks[name] = other
             missing.remove(name)
-            sub.notes.append(f"{other.name} was graded as {name}, whose functions it defines")
+            sub.notes.append(graded_as.format(file=other.name, notebook=name))
     for name in missing:
-        sub.notes.append(f"{name} is missing from {path}: its exercises score 0")
+        sub.notes.append(
+            _("{notebook} is missing from {path}: its exercises score 0").format(
+                notebook=name, path=path
+            )
+        )
     sub.exercises = list(manifest.exercises)
     return sub
 
@@ -161,13 +170,18 @@ def unfit_by_notebook(sub: Submission, manifest: Manifest) -> dict[Path, str]:
         if not functions or ours or functions & defined_functions(path):
             continue
         if len(names) == 1:
-            what, cells_of, functions_of = "the lab's notebook", f"{names[0]}'s", "its"
+            said = _(
+                "{file} is not the lab's notebook: it has none of {notebook}'s graded cells and "
+                "defines none of its functions ({functions}); write your code in the lab's "
+                "notebooks (in your work folder) and check those"
+            )
         else:
-            what = f"one of the lab's notebooks ({', '.join(names)})"
-            cells_of = functions_of = "their"
-        found[path] = (
-            f"{path.name} is not {what}: it has none of {cells_of} graded cells and defines "
-            f"none of {functions_of} functions ({', '.join(sorted(functions))}); write your "
-            "code in the lab's notebooks (in your work folder) and check those"
+            said = _(
+                "{file} is not one of the lab's notebooks ({notebook}): it has none of their "
+                "graded cells and defines none of their functions ({functions}); write your "
+                "code in the lab's notebooks (in your work folder) and check those"
+            )
+        found[path] = said.format(
+            file=path.name, notebook=", ".join(names), functions=", ".join(sorted(functions))
         )
     return found

@@ -4,8 +4,10 @@ gradebook, a summary table."""
 import csv
 import io
 import json
+import unicodedata
 from pathlib import Path
 
+from grader.i18n import _, speaking
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest
@@ -32,14 +34,17 @@ def gradebook_csv(results: list[SubmissionResult], manifest: Manifest) -> str:
 
 
 def gradescope_results(result: SubmissionResult) -> dict:
-    """Return Gradescope's results.json for one submission; hidden checks stay hidden."""
+    """Return Gradescope's results.json for one submission, its words in the submission's
+    language; hidden checks stay hidden."""
+    with speaking(result.language):
+        passed, hint = _("passed"), _("hint: {hint}")
     tests = []
     for number, exercise in enumerate(result.exercises, start=1):
         for sub, c in enumerate(exercise.checks, start=1):
             output = (
-                ("passed" + (f"\n{c.message}" if c.message else ""))
+                (passed + (f"\n{c.message}" if c.message else ""))
                 if c.passed
-                else f"{c.message}\nhint: {c.hint}"
+                else f"{c.message}\n" + hint.format(hint=c.hint)
             )
             tests.append(
                 {
@@ -72,8 +77,8 @@ def write_gradescope(result: SubmissionResult, folder: Path) -> Path:
 def summary_table(results: list[SubmissionResult], manifest: Manifest) -> str:
     """Return, per exercise, the mean score and how many submissions got full marks."""
     if not results:
-        return "no submissions"
-    rows = [("exercise", "mean", "max", "full marks")]
+        return _("no submissions")
+    rows = [(_("exercise"), _("mean"), _("max"), _("full marks"))]
     n = len(results)
     for ex in manifest.exercises:
         scores = [e.score for r in results for e in r.exercises if e.name == ex.id]
@@ -89,15 +94,26 @@ def summary_table(results: list[SubmissionResult], manifest: Manifest) -> str:
             )
     totals = [r.score for r in results]
     full = sum(r.score == r.max_score for r in results)
-    rows.append(("total", f"{sum(totals) / n:.1f}", f"{results[0].max_score:g}", f"{full}/{n}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    rows.append((_("total"), f"{sum(totals) / n:.1f}", f"{results[0].max_score:g}", f"{full}/{n}"))
+    widths = [max(shown_width(row[i]) for row in rows) for i in range(4)]
     return "\n".join(
         "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
+            padded(cell, w, left=i == 0)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
     )
+
+
+def shown_width(text: str) -> int:
+    """Return how many columns a terminal gives `text`: two for a wide (Chinese) character."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def padded(cell: str, width: int, left: bool) -> str:
+    """Return `cell` padded with spaces to `width` columns, on the right if `left`."""
+    pad = " " * max(0, width - shown_width(cell))
+    return cell + pad if left else pad + cell
 
 
 class GradebookError(ValueError):
@@ -107,12 +123,14 @@ class GradebookError(ValueError):
 def check_nbgrader_gradebook(path: Path, manifest: Manifest) -> None:
     """Raise GradebookError, saying what to do, unless `path` is an nbgrader gradebook that
     knows the assignment and every exercise's check cell."""
-    setup = (
-        f"run `nbgrader generate_assignment {manifest.assignment}` in the course folder "
+    setup = _(
+        "run `nbgrader generate_assignment {assignment}` in the course folder "
         "first: it records the notebooks and their graded cells"
-    )
+    ).format(assignment=manifest.assignment)
     if not Path(path).is_file():
-        raise GradebookError(f"there is no nbgrader gradebook at {path}; {setup}")
+        raise GradebookError(
+            _("there is no nbgrader gradebook at {path}; {setup}").format(path=path, setup=setup)
+        )
     from nbgrader.api import Gradebook, MissingEntry
 
     with Gradebook(f"sqlite:///{Path(path).resolve()}") as gb:
@@ -120,14 +138,17 @@ def check_nbgrader_gradebook(path: Path, manifest: Manifest) -> None:
             assignment = gb.find_assignment(manifest.assignment)
         except MissingEntry:
             raise GradebookError(
-                f"the gradebook {path} has no assignment {manifest.assignment!r}; {setup}"
+                _("the gradebook {path} has no assignment {assignment}; {setup}").format(
+                    path=path, assignment=repr(manifest.assignment), setup=setup
+                )
             ) from None
         cells = {(nb.name, cell.name) for nb in assignment.notebooks for cell in nb.grade_cells}
         for ex in manifest.exercises:
             if (Path(ex.notebook).stem, f"{ex.id}-checks") not in cells:
                 raise GradebookError(
-                    f"the gradebook {path} has no graded cell {ex.id}-checks in "
-                    f"{ex.notebook}; {setup}"
+                    _(
+                        "the gradebook {path} has no graded cell {cell} in {notebook}; {setup}"
+                    ).format(path=path, cell=f"{ex.id}-checks", notebook=ex.notebook, setup=setup)
                 )
 
 

@@ -7,10 +7,12 @@ notes that loading the notebooks produced."""
 
 import os
 import re
+from functools import cache
 from pathlib import Path
 
-from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, SubmissionResult
-from grader.report.results import ALSO_FAILED, SECONDS, write_atomically
+from grader.i18n import _, speaking
+from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
+from grader.report.results import SECONDS, error_alone, not_run, write_atomically
 
 # What Markdown would act on in a line of text, escaped only where it would: a backslash
 # before punctuation, a backtick left over, `*`/`_`/`~` that could open emphasis or
@@ -36,10 +38,21 @@ def check_feedback_folder(folder: Path) -> None:
     folder = Path(folder)
     existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
     if not existing.is_dir():
-        where = "" if existing == folder else f": {existing}"
-        raise FeedbackError(f"--feedback {folder}{where} is a file, not a folder")
+        if existing == folder:
+            raise FeedbackError(
+                _("--feedback {folder} is a file, not a folder").format(folder=folder)
+            )
+        raise FeedbackError(
+            _("--feedback {folder}: {file} is a file, not a folder").format(
+                folder=folder, file=existing
+            )
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise FeedbackError(f"--feedback {folder}: cannot write into {existing}")
+        raise FeedbackError(
+            _("--feedback {folder}: cannot write into {where}").format(
+                folder=folder, where=existing
+            )
+        )
 
 
 def _points(x: float) -> str:
@@ -90,75 +103,110 @@ def item(text: str, indent: str, prefix: str = "") -> list[str]:
     return [f"{indent}- {first}", *rest]
 
 
-def public_check(check: CheckResult, said: dict[str, str]) -> list[str]:
-    """Return a public check's lines: verdict and points, and what its `check` says of it
-    (an error already shown for another check of the exercise is not repeated)."""
-    verdict = "passed" if check.passed else "failed"
+@cache
+def check_docs(exercise_id: str) -> dict[str, str]:
+    """Return what each check of an exercise proves (its docstring), by check name; the hidden
+    checks' too where they are installed ({} for an exercise the manifest does not know)."""
+    from grader.judge.registry import exercise_checks, hidden_available
+    from grader.manifest import load_manifest
+
+    try:
+        exercise = load_manifest().exercise(exercise_id)
+        checks = exercise_checks(exercise, include_hidden=hidden_available(exercise))
+    except (KeyError, ModuleNotFoundError):
+        return {}
+    return {c.name: c.doc for c in checks if c.doc}
+
+
+def what_it_proves(check: CheckResult, docs: dict[str, str]) -> list[str]:
+    """Return the line that says, in the reader's language, what a check proves (none where
+    its docstring is unknown)."""
+    doc = docs.get(check.name)
+    return item(" ".join(_(doc).split()), "  ") if doc else []
+
+
+def public_check(
+    check: CheckResult, said: dict[str, str], docs: dict[str, str] | None = None
+) -> list[str]:
+    """Return a public check's lines: verdict and points, what it proves, and what its `check`
+    says of it (an error already shown for another check of the exercise is not repeated)."""
     mark = "✓" if check.passed else "✗"
-    lines = [
-        f"- {mark} `{check.name}`: {verdict}, "
-        f"{_points(check.points)}/{_points(check.max_points)} points"
-    ]
-    core = check.message.split(ALSO_FAILED)[0]
+    points = {"score": _points(check.points), "total": _points(check.max_points)}
+    name = f"`{check.name}`"
+    if check.passed:
+        verdict = _("{mark} {name}: passed, {score}/{total} points")
+    else:
+        verdict = _("{mark} {name}: failed, {score}/{total} points")
+    lines = ["- " + verdict.format(mark=mark, name=name, **points)]
+    lines += what_it_proves(check, docs or {})
+    core = error_alone(check.message)
     key = SECONDS.sub("N s", core)
     if not check.passed and key in said:
-        return [*lines, f"  - the same as {said[key]} above"]
+        return [*lines, "  - " + _("the same as {check} above").format(check=said[key])]
     if core:
         lines += item(core, "  ")
         if not check.passed:
-            said[key] = f"`{check.name}`"
+            said[key] = name
     if not check.passed and check.hint:
-        lines += item(check.hint, "  ", "hint: ")
+        lines += item(check.hint, "  ", _("hint: "))
     return lines
 
 
-def hidden_check(check: CheckResult) -> str:
-    """Return a hidden check's line: its name and points, nothing it said."""
-    return f"- `{check.name}`: {_points(check.points)}/{_points(check.max_points)} points"
+def hidden_check(check: CheckResult, docs: dict[str, str] | None = None) -> list[str]:
+    """Return a hidden check's lines: its name and points, what it proves, nothing it said."""
+    points = _("{name}: {score}/{total} points").format(
+        name=f"`{check.name}`", score=_points(check.points), total=_points(check.max_points)
+    )
+    return [f"- {points}", *what_it_proves(check, docs or {})]
 
 
 def exercise_section(exercise: ExerciseResult, title: str = "") -> list[str]:
     """Return an exercise's section: its score, notes, public and hidden checks."""
-    heading = f"`{exercise.name}`" + (f": {inline(title)}" if title else "")
-    lines = [
-        f"## {heading}",
-        "",
-        f"{_points(exercise.score)}/{_points(exercise.max_score)} points.",
-        "",
-    ]
+    name = f"`{exercise.name}`"
+    heading = _("{name}: {title}").format(name=name, title=inline(title)) if title else name
+    score = {"score": _points(exercise.score), "total": _points(exercise.max_score)}
+    lines = [f"## {heading}", "", _("{score}/{total} points.").format(**score), ""]
     if exercise.notes:
         lines += [line for note in exercise.notes for line in item(note, "")] + [""]
-    if exercise.checks and all(c.message == NOT_RUN for c in exercise.checks):
+    if exercise.checks and all(not_run(c.message) for c in exercise.checks):
         return lines  # the note says why none of its checks ran
+    docs = check_docs(exercise.name)
     public = [c for c in exercise.checks if not c.hidden]
     hidden = [c for c in exercise.checks if c.hidden]
     if public:
         said: dict[str, str] = {}
-        lines += ["Public checks (the ones your own `check` runs):", ""]
-        lines += [line for c in public for line in public_check(c, said)] + [""]
+        lines += [_("Public checks (the ones your own `check` runs):"), ""]
+        lines += [line for c in public for line in public_check(c, said, docs)] + [""]
     if hidden:
-        lines += ["Hidden checks (their inputs stay private, so only the points are shown):", ""]
-        lines += [hidden_check(c) for c in hidden] + [""]
+        lines += [
+            _("Hidden checks (their inputs stay private, so only the points are shown):"),
+            "",
+        ]
+        lines += [line for c in hidden for line in hidden_check(c, docs)] + [""]
     return lines
 
 
 def score_table(result: SubmissionResult, titles: dict[str, str]) -> list[str]:
     """Return the table of exercises and their scores, with the total as its last row."""
-    rows = ["| exercise | score |", "|---|---|"]
+    rows = [_("| exercise | score |"), "|---|---|"]
     for e in result.exercises:
-        title = f" ({inline(titles[e.name], table=True)})" if titles.get(e.name) else ""
-        rows.append(f"| `{e.name}`{title} | {_points(e.score)}/{_points(e.max_score)} |")
-    rows.append(f"| **total** | **{_points(result.score)}/{_points(result.max_score)}** |")
+        name = f"`{e.name}`"
+        if titles.get(e.name):
+            name = _("{name} ({title})").format(name=name, title=inline(titles[e.name], table=True))
+        rows.append(f"| {name} | {_points(e.score)}/{_points(e.max_score)} |")
+    total = f"{_points(result.score)}/{_points(result.max_score)}"
+    rows.append(_("| **total** | **{total}** |").format(total=total))
     return rows
 
 
 def _without_path(note: str, path: str) -> str:
     """Return a note with the submission's path on the grader's machine named as a student
-    knows it ("your submission")."""
+    knows it ("your submission"). The path is one where spaces, quotes, brackets or
+    punctuation (a Chinese note's full-width ones too) set it apart."""
     if not path:
         return note
-    where = re.compile(rf"(?<![^\s'\"(]){re.escape(path)}(?=$|[\s:,;)'\"])")
-    return where.sub("your submission", note)
+    where = re.compile(rf"(?<![^\s'\"(（]){re.escape(path)}(?=$|[\s:,;)'\"：，；）])")
+    return where.sub(_("your submission"), note)
 
 
 def loading_notes(result: SubmissionResult) -> list[str]:
@@ -166,24 +214,26 @@ def loading_notes(result: SubmissionResult) -> list[str]:
     if not result.notes:
         return []
     notes = [_without_path(note, result.path) for note in result.notes]
-    lines = ["## While loading your notebooks", ""]
+    lines = ["## " + _("While loading your notebooks"), ""]
     return lines + [line for note in notes for line in item(note, "")] + [""]
 
 
 def feedback_markdown(result: SubmissionResult, titles: dict[str, str] | None = None) -> str:
-    """Return one submission's feedback as Markdown."""
+    """Return one submission's feedback as Markdown, in the submission's language."""
     titles = titles or {}
-    lines = [
-        f"# Feedback for {inline(result.id)}",
-        "",
-        f"**Total: {_points(result.score)}/{_points(result.max_score)} points**",
-        "",
-        *score_table(result, titles),
-        "",
-    ]
-    for e in result.exercises:
-        lines += exercise_section(e, titles.get(e.name, ""))
-    lines += loading_notes(result)
+    with speaking(result.language):
+        total = {"score": _points(result.score), "total": _points(result.max_score)}
+        lines = [
+            "# " + _("Feedback for {id}").format(id=inline(result.id)),
+            "",
+            "**" + _("Total: {score}/{total} points").format(**total) + "**",
+            "",
+            *score_table(result, titles),
+            "",
+        ]
+        for e in result.exercises:
+            lines += exercise_section(e, titles.get(e.name, ""))
+        lines += loading_notes(result)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

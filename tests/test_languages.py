@@ -1,0 +1,149 @@
+"""The grader speaks the submission's language: a Chinese notebook's report is in Chinese, an
+English notebook's in the run's language (`--lang`, `LAB_LANG`, the locale), and `grade`
+writes each student's feedback file in that student's language while its own lines stay in
+the run's."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from grader import i18n
+from grader.cli import about
+from grader.manifest import REPO, load_manifest
+from grader.report.feedback import check_docs, item
+
+MANIFEST = load_manifest()
+NOTEBOOK = "from_scratch.ipynb"
+ENGLISH = REPO / "exercises" / MANIFEST.assignment / NOTEBOOK
+CHINESE = REPO / "exercises" / "zh_CN" / MANIFEST.assignment / NOTEBOOK
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+ENGLISH_HEADER = "allreduce (Sum across devices, in place): 0 of 6 public checks passed"
+CHINESE_HEADER = "：6 项公开检查通过了 0 项，0/11 分（公开检查占 9 分；"  # after the title
+CHINESE_HINT = "\n      提示："
+ENGLISH_HINT = "\n      hint: "
+
+
+def chinese(message: str) -> str:
+    return i18n.translate("zh_CN", message)
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """The environment of a grader run: no language of the caller's, no warm server."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG")
+    }
+    return {**env, "GRADER_WARM_SECONDS": "0", **extra}
+
+
+def grader(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "grader", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=environment(**env),
+    )
+
+
+def check(notebook, *options: str, **env: str) -> str:
+    proc = grader(*options, "check", str(notebook), "-e", "allreduce", **env)
+    assert proc.returncode == 1 and "allreduce" in proc.stdout, proc.stderr  # stubs fail
+    return proc.stdout
+
+
+def test_a_chinese_notebook_is_checked_in_chinese():
+    out = check(CHINESE)
+    assert CHINESE_HEADER in out
+    assert CHINESE_HINT in out
+    assert ENGLISH_HEADER not in out and "public checks" not in out
+    assert ENGLISH_HINT not in out
+
+
+@pytest.mark.parametrize("how", ["--lang", "LAB_LANG"])
+def test_an_english_notebook_is_checked_in_the_language_asked_for(how):
+    out = check(ENGLISH, "--lang", "zh_CN") if how == "--lang" else check(ENGLISH, LAB_LANG="zh_CN")
+    assert CHINESE_HEADER in out and CHINESE_HINT in out
+    assert ENGLISH_HEADER not in out
+
+
+def test_an_english_notebook_is_checked_in_english_by_default():
+    out = check(ENGLISH)
+    assert ENGLISH_HEADER in out and ENGLISH_HINT in out
+    assert not CJK.search(out.split("\n", 1)[1])  # (the first line may be dplab's)
+
+
+def test_a_note_about_an_exercises_cell_is_recognised_in_both_languages():
+    allreduce = [MANIFEST.exercise("allreduce")]
+    notes = [
+        "cell `allreduce-solution`: syntax error on line 3: invalid syntax; nothing in this "
+        "cell was loaded",
+        "cell that defines `allreduce`, line 2: raised ValueError (loading went on)",
+    ]
+    with i18n.speaking("zh_CN"):
+        from grader.load.notebook import said_cell
+
+        notes += [
+            said_cell("cell `allreduce-solution`") + "：……",
+            said_cell("cell that defines `allreduce`") + "，第 2 行：……",
+        ]
+        other = said_cell("cell `split_batch-solution`") + "：……"
+    assert CJK.search(notes[-1])
+    assert all(about(note, allreduce) for note in notes)
+    assert not about(other, allreduce)
+
+
+@pytest.mark.slow
+def test_grade_writes_each_feedback_file_in_its_students_language(tmp_path):
+    submitted = tmp_path / "submitted"
+    for student, notebook in (("ann", ENGLISH), ("bo", CHINESE)):
+        folder = submitted / student / MANIFEST.assignment
+        folder.mkdir(parents=True)
+        shutil.copy(notebook, folder / NOTEBOOK)
+    feedback = tmp_path / "feedback"
+    proc = grader("grade", str(submitted), "--feedback", str(feedback), "-e", "allreduce")
+    assert proc.returncode == 0, proc.stderr
+
+    ann = (feedback / "ann.md").read_text(encoding="utf-8")
+    bo = (feedback / "bo.md").read_text(encoding="utf-8")
+    assert ann.startswith("# Feedback for ann\n")
+    assert bo.startswith("# " + chinese("Feedback for {id}").format(id="bo") + "\n")
+    assert not CJK.search(ann)
+    assert chinese("Public checks (the ones your own `check` runs):") in bo
+    assert "Public checks" not in bo
+    # under each check, what it proves, in the reader's language
+    doc = check_docs("allreduce")["every_tensor_holds_the_sum"]
+    assert "\n".join(item(" ".join(doc.split()), "  ")) + "\n" in ann
+    assert "\n".join(item(" ".join(chinese(doc).split()), "  ")) + "\n" in bo
+
+    # the instructor's lines stay in the run's language (English here)
+    assert f"feedback written to {feedback}" in proc.stdout
+    assert re.search(r"^exercise +mean +max +full marks$", proc.stdout, re.M)
+    assert not CJK.search(proc.stdout)
+
+
+def test_a_check_cell_speaks_its_notebooks_language(monkeypatch, capsys):
+    """In a kernel, Jupyter names the notebook (JPY_SESSION_NAME); a Chinese one's check cell
+    reports in Chinese, and says its points in Chinese under the report."""
+    from grader.in_kernel import check as check_cell
+    from tests.conftest import fresh_solution
+
+    for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
+        monkeypatch.delenv(name, raising=False)
+    split_batch = fresh_solution(NOTEBOOK)["split_batch"]
+    monkeypatch.setenv("JPY_SESSION_NAME", str(CHINESE))
+    points = check_cell("split_batch", split_batch)
+    out = capsys.readouterr().out
+    assert "项公开检查通过了" in out and "public checks" not in out
+    assert points._repr_markdown_().startswith("**6 分（共 8 分）**")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(ENGLISH))
+    points = check_cell("split_batch", split_batch)
+    assert "public checks passed" in capsys.readouterr().out
+    assert points._repr_markdown_().startswith("**6 of 8 points**")
