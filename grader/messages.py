@@ -3,8 +3,8 @@
     python -m grader messages missing [--language zh_CN]   messages with no translation yet
     python -m grader messages compile                      i18n/*/messages/*.po -> grader/locale/
 
-A message is a string given to `_()` or `N_()` in the grader's code, or a check's docstring or
-hint (what `check` prints about a check). `tests/test_messages.py` fails on any message without
+A message is a string given to `_()` or `N_()` in the grader's code, a check's docstring or
+hint, or an exercise's title in the manifest. `tests/test_messages.py` fails on any message without
 a translation, on a translation whose `{fields}` differ from the English, and on a translation
 left for a message the code no longer has.
 """
@@ -41,11 +41,12 @@ def in_code() -> list[Message]:
 
 
 def of_checks() -> list[Message]:
-    """Return every check's docstring and hint, public and hidden (where installed)."""
+    """Return every check's docstring and hint, public and hidden (where installed), and the
+    exercises' titles in the manifest."""
     from grader.judge.registry import exercise_checks, hidden_available
     from grader.manifest import load_manifest
 
-    found = []
+    found = [Message(ex.title, f"grader/manifest.toml:{ex.id}") for ex in load_manifest().exercises]
     for ex in load_manifest().exercises:
         for check in exercise_checks(ex, include_hidden=hidden_available(ex)):
             where = f"{ex.id}/{check.name}"

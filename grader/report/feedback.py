@@ -192,7 +192,8 @@ def score_table(result: SubmissionResult, titles: dict[str, str]) -> list[str]:
     for e in result.exercises:
         name = f"`{e.name}`"
         if titles.get(e.name):
-            name = _("{name} ({title})").format(name=name, title=inline(titles[e.name], table=True))
+            title = inline(_(titles[e.name]), table=True)
+            name = _("{name} ({title})").format(name=name, title=title)
         rows.append(f"| {name} | {_points(e.score)}/{_points(e.max_score)} |")
     total = f"{_points(result.score)}/{_points(result.max_score)}"
     rows.append(_("| **total** | **{total}** |").format(total=total))
@@ -232,7 +233,7 @@ def feedback_markdown(result: SubmissionResult, titles: dict[str, str] | None = 
             "",
         ]
         for e in result.exercises:
-            lines += exercise_section(e, titles.get(e.name, ""))
+            lines += exercise_section(e, _(titles.get(e.name, "")))
         lines += loading_notes(result)
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -154,7 +154,7 @@ def render_submission(
             hidden=_points(whole - result.max_score),
         )
     parts += [
-        render_exercise(e, titles.get(e.name, ""), totals.get(e.name)) for e in result.exercises
+        render_exercise(e, _(titles.get(e.name, "")), totals.get(e.name)) for e in result.exercises
     ]
     if result.notes:
         shown = result.notes[:MAX_NOTES]

@@ -1,0 +1,140 @@
+"""The grader's messages in Chinese: every message has a translation that keeps its fields and
+the glossary's terms, and the text the code looks up is a literal that extraction can see."""
+
+import ast
+import re
+import tomllib
+
+import pytest
+
+from grader import i18n, messages
+from grader.manifest import REPO
+
+LANGUAGE = "zh_CN"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.fixture(scope="module")
+def catalogue():
+    return i18n.read_sources(LANGUAGE)
+
+
+@pytest.fixture(scope="module")
+def wanted():
+    return messages.every_message()
+
+
+def test_every_message_has_a_chinese_translation_with_the_same_fields():
+    """The catalogue lacks nothing, has no stale entry, and keeps every `{field}`."""
+    assert messages.problems(LANGUAGE) == []
+
+
+def test_the_translations_are_chinese(catalogue, wanted):
+    """A translation that is the English copied over is no translation (messages that are
+    all code, such as a bare `{name}`, excepted)."""
+    for text in wanted:
+        words = re.sub(r"`[^`]*`|\{[^}]*\}", "", text)
+        if re.search(r"[A-Za-z]{3,}(\s+[A-Za-z]{2,}){2,}", words):
+            assert CJK.search(catalogue.get(text).string), text
+
+
+def prose(text: str) -> str:
+    """Return a message's prose: without code in backticks, fields and quoted code."""
+    return re.sub(r"`[^`]*`|\{[^}]*\}|'[^']*'", " ", text).lower()
+
+
+def test_the_glossarys_terms_are_used(catalogue, wanted):
+    """Where an English message uses a term of the glossary in its prose, the Chinese uses the
+    glossary's rendering; no message uses a rendering the glossary rules out."""
+    glossary = tomllib.loads((REPO / "i18n" / LANGUAGE / "glossary.toml").read_text())["term"]
+    wrong = []
+    for text in wanted:
+        chinese = catalogue.get(text).string if catalogue.get(text) else ""
+        for term in glossary:
+            wrong += [
+                f"{avoid} in {chinese!r}" for avoid in term.get("avoid", []) if avoid in chinese
+            ]
+            if re.search(rf"\b{re.escape(term['english'].lower())}(s|es)?\b", prose(text)):
+                if term["chinese"] not in chinese:
+                    wrong.append(f"{term['english']} -> {term['chinese']}: {text!r} -> {chinese!r}")
+    assert wrong == []
+
+
+def looked_up(tree: ast.AST) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("_", "N_")
+    ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(set((REPO / "grader").rglob("*.py")) - {REPO / "grader" / "i18n.py"}),
+    ids=lambda p: str(p.relative_to(REPO)),
+)
+def test_no_message_is_built_before_it_is_looked_up(path):
+    """`N_()` is given one string literal, and `_()` a literal or a value holding one (a
+    constant marked with `N_`, a title of the manifest): an f-string, a `+`, a `%` or a
+    `.format()` inside the call would look up text that no catalogue holds (the fields are
+    filled after the lookup)."""
+    for call in looked_up(ast.parse(path.read_text())):
+        arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
+        where = f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}"
+        assert arg is not None, where
+        if call.func.id == "N_":
+            assert isinstance(arg, ast.Constant) and isinstance(arg.value, str), where
+        built = [
+            node
+            for node in ast.walk(arg)
+            if isinstance(node, ast.JoinedStr | ast.BinOp)
+            or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("format", "join")
+            )
+        ]
+        assert not built, where
+
+
+def test_a_message_is_looked_up_in_the_language_spoken(monkeypatch):
+    """English by default, Chinese within `speaking("zh_CN")` or with LAB_LANG, and the
+    notebook's own language first."""
+    for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
+        monkeypatch.delenv(name, raising=False)
+    entry = next(e for e in i18n.read_sources(LANGUAGE) if e.id and e.string)
+    text, chinese = entry.id, entry.string
+    assert i18n._(text) == text
+    with i18n.speaking("zh_CN"):
+        assert i18n._(text) == chinese
+    monkeypatch.setenv("LAB_LANG", "zh_CN")
+    assert i18n._(text) == chinese
+    with i18n.speaking("en"):
+        assert i18n._(text) == text
+    monkeypatch.setenv("LAB_LANG", "")
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert i18n.default_language() == "zh_CN"
+    monkeypatch.setenv("LC_ALL", "C")
+    assert i18n.default_language() == "en"
+    assert i18n.notebook_language({"metadata": {"lab": {"language": "zh_CN"}}}) == "zh_CN"
+    assert i18n.notebook_language({"metadata": {}}) is None
+
+
+def test_an_unknown_language_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="en, zh_CN"):
+        i18n.choose("fr")
+
+
+def test_the_compiled_catalogue_says_what_its_sources_say(tmp_path, monkeypatch):
+    """`make` compiles the `.po` files into the `.mo` file that gettext reads."""
+    monkeypatch.setattr(i18n, "LOCALE", tmp_path)
+    i18n.compile_catalogues()
+    try:
+        compiled = i18n.catalogue(LANGUAGE)
+        for entry in i18n.read_sources(LANGUAGE):
+            if entry.id:
+                assert compiled.gettext(entry.id) == entry.string
+    finally:
+        i18n.catalogue.cache_clear()
