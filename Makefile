@@ -6,6 +6,7 @@
 #   make bench-grade, bench-notebooks, bench-distributed   timings, printed (never tested)
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
 #   make picture     redraw the README's picture (docs/check-in-the-lab.png) from a real check
+#   make render LANG=zh_CN   run a language's notebooks on the sample, as HTML in build/render/
 #   make lock        re-resolve requirements/*.txt from pyproject.toml (needs the network)
 #   make images      build the lab and grader images and probe them (tests/test_images.py)
 
@@ -19,7 +20,7 @@ ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed \
-	lock images clean picture
+	lock images clean picture render
 
 setup: $(DEV_READY)
 
@@ -34,8 +35,8 @@ $(LAB_READY): requirements/lab.txt pyproject.toml | $(BIN)/python
 	$(PIP) --no-deps -e .
 	touch $@
 
-# The grader's messages in each language: i18n/<language>/messages/*.po compiled (grader/i18n.py).
-CATALOGUES := $(patsubst i18n/%/messages,grader/locale/%/LC_MESSAGES/grader.mo,$(wildcard i18n/*/messages))
+# The lab's messages in each language: i18n/<language>/messages/*.po compiled (dplab/i18n.py).
+CATALOGUES := $(patsubst i18n/%/messages,dplab/locale/%/LC_MESSAGES/lab.mo,$(wildcard i18n/*/messages))
 $(CATALOGUES): $(wildcard i18n/*/messages/*.po) | $(LAB_READY)
 	$(BIN)/python -m grader messages compile
 
@@ -85,6 +86,10 @@ exercises: $(DEV_READY)
 # The README's picture: a check cell and its output for a catalogued mistake, run in a kernel.
 picture: $(LAB_READY)
 	$(BIN)/python docs/make_picture.py
+
+# A language's reference notebooks run end to end on the sample, as HTML under build/render/.
+render: $(DEV_READY) $(CATALOGUES)
+	$(BIN)/python docs/render_notebooks.py $(or $(LAB_LANG),en)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -7,17 +7,15 @@ reads partial credit from an autograded cell.
 
 import contextlib
 import io
-import json
-import os
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
-from grader import i18n, settings
+from dplab import i18n
+from dplab.i18n import _
+from grader import settings
 from grader.api import Context, Student
 from grader.devices import grading_devices
 from grader.grading import DEVICES
-from grader.i18n import _
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
@@ -37,35 +35,6 @@ def _shell():
     except ImportError:
         return None
     return get_ipython()
-
-
-def notebook_path() -> Path | None:
-    """Return the path of the notebook this kernel runs, where Jupyter says it: `__session__`
-    (ipykernel sets it from JPY_SESSION_NAME), else JPY_SESSION_NAME itself."""
-    shell = _shell()
-    session = shell.user_ns.get("__session__") if shell is not None else None
-    session = session or os.environ.get("JPY_SESSION_NAME")
-    if not isinstance(session, str) or not session:
-        return None
-    path = Path(session)
-    for candidate in (path, Path.cwd() / path.name):  # (a kernel runs in its notebook's folder)
-        if candidate.suffix == ".ipynb" and candidate.is_file():
-            return candidate
-    return None
-
-
-def kernel_language() -> str:
-    """Return the language to speak in this kernel: that of its notebook (`metadata.lab.
-    language`, which the translated notebooks carry), else the run's (LAB_LANG, the locale)."""
-    path = notebook_path()
-    if path is not None:
-        try:
-            language = i18n.notebook_language(json.loads(path.read_bytes()))
-        except (OSError, ValueError, AttributeError):
-            language = None
-        if language:
-            return language
-    return i18n.default_language()
 
 
 def _namespace(ex: Exercise, function: Callable | None) -> dict:
@@ -138,7 +107,7 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     exercise's function is taken from the notebook. With hidden=True (the instructor's copy)
     the hidden checks are added to the public ones just run on the same function.
     """
-    language = kernel_language()
+    language = i18n.default_language()  # the kernel's notebook's, else LAB_LANG's...
     with i18n.speaking(language):
         return _check(exercise_id, function, hidden, language)
 

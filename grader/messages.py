@@ -1,7 +1,7 @@
 """The grader's messages to translate, found in its code, and what each language still lacks.
 
     python -m grader messages missing [--language zh_CN]   messages with no translation yet
-    python -m grader messages compile                      i18n/*/messages/*.po -> grader/locale/
+    python -m grader messages compile                      i18n/*/messages/*.po -> dplab/locale/
 
 A message is a string given to `_()` or `N_()` in the grader's code, a check's docstring or
 hint, or an exercise's title in the manifest. `tests/test_messages.py` fails on any message without
@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.i18n import LANGUAGES, PACKAGE, read_sources
+from dplab.i18n import LANGUAGES, PACKAGE, PACKAGES, read_sources
+
+ROOT = PACKAGE.parent
 
 FIELD = re.compile(r"\{(\w*)[^{}]*\}")
 
@@ -25,18 +27,19 @@ class Message:
 
 
 def in_code() -> list[Message]:
-    """Return the strings given to `_()` or `N_()` in the grader's code."""
+    """Return the strings given to `_()` or `N_()` in the lab's code (grader/ and dplab/)."""
     from babel.messages.extract import extract_from_dir
 
     found = []
-    for filename, lineno, text, _comments, _context in extract_from_dir(
-        str(PACKAGE),
-        method_map=[("**.py", "python")],
-        keywords={"_": None, "N_": None},
-        comment_tags=(),
-    ):
-        if isinstance(text, str) and text:
-            found.append(Message(text, f"grader/{filename}:{lineno}"))
+    for package in PACKAGES:
+        for filename, lineno, text, _comments, _context in extract_from_dir(
+            str(ROOT / package),
+            method_map=[("**.py", "python")],
+            keywords={"_": None, "N_": None},
+            comment_tags=(),
+        ):
+            if isinstance(text, str) and text:
+                found.append(Message(text, f"{package}/{filename}:{lineno}"))
     return found
 
 
@@ -115,10 +118,10 @@ def as_po(messages: list[Message]) -> str:
 
 def main(command: str, language: str = "zh_CN", under: str | None = None) -> int:
     if command == "compile":
-        from grader.i18n import compile_catalogues
+        from dplab.i18n import compile_catalogues
 
         for path in compile_catalogues():
-            print(f"wrote {Path(path).relative_to(PACKAGE.parent)}")
+            print(f"wrote {Path(path).relative_to(ROOT)}")
         return 0
     if language not in LANGUAGES[1:]:
         print(f"error: no catalogue for {language!r}; the lab has {', '.join(LANGUAGES[1:])}")

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS = {
     "runtime": ("dplab",),
     "vocabulary": (
-        "grader.i18n",
+        "dplab.i18n",
         "grader.manifest",
         "grader.settings",
         "grader.devices",

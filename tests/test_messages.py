@@ -7,7 +7,8 @@ import tomllib
 
 import pytest
 
-from grader import i18n, messages
+from dplab import i18n
+from grader import messages
 from grader.manifest import REPO
 
 LANGUAGE = "zh_CN"

@@ -1,4 +1,5 @@
-"""The grader's messages in the reader's language, through gettext.
+"""The lab's messages in the reader's language, through gettext: the grader's, and those the
+lab's own library (dplab) prints.
 
 Every message a student or an instructor reads is written in English in the code and looked up
 here: `_("...")` where it is made, `N_("...")` where a constant is defined (looked up where it
@@ -6,11 +7,11 @@ is shown), and the checks' docstrings and hints, which are looked up where they 
 Messages with values use named fields, filled after the lookup: `_("got {got}").format(got=x)`,
 never an f-string, so that the text looked up is the same whatever the values.
 
-The translations are `i18n/<language>/messages/*.po` (one file per part of the grader); `make`
-compiles them into `grader/locale/<language>/LC_MESSAGES/grader.mo`. The language:
+The translations are `i18n/<language>/messages/*.po` (one file per part of the lab); `make`
+compiles them into `dplab/locale/<language>/LC_MESSAGES/lab.mo`. The language:
 
 - a notebook's own (`metadata.lab.language`, which the translated notebooks carry) for what is
-  said about that notebook;
+  said about that notebook, and in the kernel that runs it;
 - otherwise `--lang` of the command line, else `LAB_LANG`, else the locale (`LC_ALL`,
   `LC_MESSAGES`, `LANG`): Chinese for `zh*`, English for anything else.
 """
@@ -18,16 +19,19 @@ compiles them into `grader/locale/<language>/LC_MESSAGES/grader.mo`. The languag
 import contextlib
 import functools
 import gettext
+import json
 import os
+import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
-DOMAIN = "grader"
+DOMAIN = "lab"
 LANGUAGES = ("en", "zh_CN")  # English is the source; the others have catalogues
 PACKAGE = Path(__file__).resolve().parent
 LOCALE = PACKAGE / "locale"  # the compiled catalogues
 SOURCES = PACKAGE.parent / "i18n"  # i18n/<language>/messages/*.po, in a checkout
+PACKAGES = ("dplab", "grader")  # the code whose messages the catalogues hold
 
 _chosen: str | None = None  # --lang, for the whole run
 _speaking: ContextVar[str | None] = ContextVar("lab_language", default=None)
@@ -57,10 +61,45 @@ def choose(language: str | None) -> None:
     _chosen = known(language)
 
 
+def kernel_notebook() -> Path | None:
+    """Return the notebook that this Jupyter kernel runs, where Jupyter says it (`__session__`,
+    which ipykernel sets from JPY_SESSION_NAME, else JPY_SESSION_NAME itself); None outside
+    a kernel."""
+    ipython = sys.modules.get("IPython")  # (never imported here: a kernel has it already)
+    shell = ipython.get_ipython() if ipython is not None else None
+    session = shell.user_ns.get("__session__") if shell is not None else None
+    session = session or os.environ.get("JPY_SESSION_NAME")
+    if not isinstance(session, str) or not session:
+        return None
+    path = Path(session)
+    for candidate in (path, Path.cwd() / path.name):  # (a kernel runs in its notebook's folder)
+        if candidate.suffix == ".ipynb" and candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _language_of(path: Path) -> str | None:
+    try:
+        return notebook_language(json.loads(path.read_bytes()))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def kernel_language() -> str | None:
+    """Return the language of the notebook this kernel runs, if it was released in one."""
+    path = kernel_notebook()
+    return _language_of(path) if path is not None else None
+
+
 def default_language() -> str:
-    """Return the run's language: --lang, else LAB_LANG, else the locale's, else English."""
+    """Return the run's language: --lang, else that of the notebook this kernel runs, else
+    LAB_LANG, else the locale's, else English."""
     if _chosen:
         return _chosen
+    in_kernel = kernel_language()
+    if in_kernel:
+        return in_kernel
     lab = os.environ.get("LAB_LANG")
     if lab:
         return known(lab) or "en"
