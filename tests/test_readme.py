@@ -19,8 +19,13 @@ import pytest
 from grader.manifest import REPO
 
 BLOCK = re.compile(r"<!-- walkthrough: (\w+) -->\s*```console\n(.*?)```", re.S)
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-WALKTHROUGHS = {"student": "README.md", "instructor": "README.md", "nbgrader": "docs/grading.md"}
+PAGES = [REPO / "README.md", REPO / "README.zh-CN.md", *sorted((REPO / "docs").glob("*.md"))]
+WALKTHROUGHS = {
+    "student": "README.md",
+    "instructor": "README.md",
+    "nbgrader": "docs/grading.md",
+    "student_zh_CN": "README.zh-CN.md",  # in the Chinese lab: its work/ holds exercises/zh_CN/
+}
 ACTIVATE = re.compile(r"\. (\.\./)*\.venv/bin/activate")
 
 
@@ -88,6 +93,9 @@ def test_walkthrough_runs_as_written(name, checkout):
     if name == "nbgrader" and shutil.which("nbgrader", path=env["PATH"]) is None:
         pytest.skip("nbgrader is the instructor's: not installed here")
     cwd = checkout = checkout.resolve()
+    if name.endswith("_zh_CN"):  # `make lab LANG=zh_CN` fills work/ with the Chinese notebooks
+        shutil.rmtree(checkout / "work")
+        shutil.copytree(REPO / "exercises" / "zh_CN", checkout / "work")
     for command, expected in walkthroughs()[name][1]:
         if ACTIVATE.fullmatch(command):  # and names the lab's own environment from here
             assert (cwd / command.split()[1]).resolve().parents[2] == checkout, command
