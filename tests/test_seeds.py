@@ -8,12 +8,17 @@ the lab would move it: pasted into its stub cell of the released notebook; for t
 devices taken out (a differently named device list becomes `devices`). Then the class is
 graded with `python -m grader grade --jobs 2`. The test is skipped where the notes are
 absent.
+
+The notes' authors read the book in Chinese: each seed is also moved into the Chinese
+notebooks (exercises/zh_CN/), graded in the same class, and must get the same verdict on every
+check, with its messages in Chinese.
 """
 
 import json
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -24,6 +29,13 @@ from tests.conftest import python
 
 MANIFEST = load_manifest()
 SEEDS = Path(os.environ.get("DPLAB_SEEDS", REPO.parent / "shared" / "seeds"))
+RELEASES = {"": exercises_dir(), "_zh_CN": REPO / "exercises" / "zh_CN" / MANIFEST.assignment}
+# The first line of the code stub in each release (nbgrader's default, and i18n/'s)
+STUB_MARKS = (
+    "# YOUR CODE HERE",
+    tomllib.loads((REPO / "i18n/zh_CN/release.toml").read_text())["code_stub"].splitlines()[0],
+)
+CJK = re.compile(r"[\u4e00-\u9fff]")
 
 # (seed, exercise, which `def` of the exercise's function in the notes, counting from 0)
 MOVED = [
@@ -110,14 +122,15 @@ def functions_in(text: str, name: str) -> list[str]:
     return found
 
 
-def moved(function: str, exercise) -> str:
-    """Return the student's function as it lands in the stub cell of `exercise`."""
+def moved(function: str, exercise, release: Path) -> str:
+    """Return the student's function as it lands in the stub cell of `exercise` (in the
+    notebooks of `release`)."""
     if not exercise.trains:
         return function
     stub = "".join(
-        cells_by_grade_id(exercises_dir() / exercise.notebook)[f"{exercise.id}-solution"]["source"]
+        cells_by_grade_id(release / exercise.notebook)[f"{exercise.id}-solution"]["source"]
     )
-    head = stub.split("# YOUR CODE HERE")[0].rstrip() + "\n"
+    head = re.split("|".join(map(re.escape, STUB_MARKS)), stub)[0].rstrip() + "\n"
     body = []
     for line in function.splitlines()[1:]:
         if GIVEN.match(line):
@@ -135,18 +148,19 @@ def graded(tmp_path_factory):
     if not SEEDS.is_dir():
         pytest.skip(f"the seed notes are not here ({SEEDS})")
     root = tmp_path_factory.mktemp("seeds")
-    by_seed: dict[str, dict[str, dict[str, str]]] = {}
-    for seed, exercise_id, which in MOVED:
-        ex = MANIFEST.exercise(exercise_id)
-        source = functions_in(seed_text(seed), ex.function)[which]
-        answers = by_seed.setdefault(seed, {}).setdefault(ex.notebook, {})
-        answers[f"{ex.id}-solution"] = moved(source, ex)
-    for seed, notebooks in by_seed.items():
-        folder = root / f"seed{seed}" / MANIFEST.assignment
-        folder.mkdir(parents=True)
-        for notebook in MANIFEST.notebooks:
-            nb = filled_in(exercises_dir() / notebook, notebooks.get(notebook, {}))
-            (folder / notebook).write_text(json.dumps(nb), encoding="utf-8")
+    for suffix, release in RELEASES.items():
+        by_seed: dict[str, dict[str, dict[str, str]]] = {}
+        for seed, exercise_id, which in MOVED:
+            ex = MANIFEST.exercise(exercise_id)
+            source = functions_in(seed_text(seed), ex.function)[which]
+            answers = by_seed.setdefault(seed, {}).setdefault(ex.notebook, {})
+            answers[f"{ex.id}-solution"] = moved(source, ex, release)
+        for seed, notebooks in by_seed.items():
+            folder = root / f"seed{seed}{suffix}" / MANIFEST.assignment
+            folder.mkdir(parents=True)
+            for notebook in MANIFEST.notebooks:
+                nb = filled_in(release / notebook, notebooks.get(notebook, {}))
+                (folder / notebook).write_text(json.dumps(nb), encoding="utf-8")
     out = root / "report.json"
     proc = subprocess.run(
         [python(), "-m", "grader", "grade", str(root), "--jobs", "2", "--json", str(out)],
@@ -173,6 +187,20 @@ def test_the_seed_gets_what_a_teacher_gives(graded, seed, exercise_id, which):
     messages = {c["name"]: c["message"] for c in result["checks"] if not c["passed"]}
     assert failing == wanted, messages
     assert result["score"] > 0  # one slip never costs a whole exercise
+
+
+@pytest.mark.parametrize("seed", sorted({seed for seed, _, _ in MOVED}))
+def test_the_seed_in_the_chinese_notebooks_gets_the_same_grade(graded, seed):
+    """The same code, in the Chinese notebooks: the same verdict and points on every check
+    (graded in the same class as the English), said in Chinese."""
+    english, chinese = graded[seed], graded[f"{seed}_zh_CN"]
+    assert chinese["score"] == english["score"]
+    for en, zh in zip(english["exercises"], chinese["exercises"], strict=True):
+        verdicts = [(c["name"], c["passed"], c["points"]) for c in en["checks"]]
+        assert [(c["name"], c["passed"], c["points"]) for c in zh["checks"]] == verdicts
+        for c in zh["checks"]:
+            if not c["passed"] and c["hint"]:
+                assert CJK.search(c["hint"]), c["hint"]
 
 
 def test_the_rebinding_allreduce_is_named(graded):
