@@ -137,8 +137,11 @@ def compiled(language: str) -> Path:
 
 
 def sources(language: str) -> list[Path]:
-    """Return the `.po` files of `language`, in a checkout (none in an installed copy)."""
-    return sorted((SOURCES / language / "messages").glob("*.po"))
+    """Return the `.po` files of `language`, in a checkout (none in an installed copy): those
+    of i18n/<language>/messages/, and of i18n/<language>/hidden/ where the hidden checks are
+    (their messages stay out of the students' image, as the checks do)."""
+    folder = SOURCES / language
+    return sorted(folder.glob("messages/*.po")) + sorted(folder.glob("hidden/*.po"))
 
 
 def read_sources(language: str):

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dplab.i18n import LANGUAGES, PACKAGE, PACKAGES, read_sources
+from dplab.i18n import LANGUAGES, PACKAGE, PACKAGES, read_sources, sources
 
 ROOT = PACKAGE.parent
 
@@ -54,6 +54,39 @@ def of_checks() -> list[Message]:
         for check in exercise_checks(ex, include_hidden=hidden_available(ex)):
             where = f"{ex.id}/{check.name}"
             found += [Message(t, where) for t in (check.doc, check.hint) if t]
+    return found
+
+
+def hidden_only() -> set[str]:
+    """Return the messages that only the hidden checks say (their code in grader/hidden/, and
+    their docstrings and hints): their translations stay with them, out of the students'
+    image (i18n/<language>/hidden/)."""
+    from grader.judge.registry import hidden_available, hidden_checks
+    from grader.manifest import load_manifest
+
+    said_in_hidden = {m.text for m in in_code() if m.where.startswith("grader/hidden/")}
+    for ex in load_manifest().exercises:
+        if hidden_available(ex):
+            said_in_hidden |= {t for c in hidden_checks(ex) for t in (c.doc, c.hint) if t}
+    public = {m.text for m in in_code() if not m.where.startswith("grader/hidden/")}
+    public |= {m.text for m in of_checks() if m.text not in said_in_hidden}
+    return said_in_hidden - public
+
+
+def misplaced(language: str) -> list[str]:
+    """Return the translations kept on the wrong side: a hidden check's message among the
+    public catalogues (which students' copies hold), or a public one among the hidden."""
+    from babel.messages.pofile import read_po
+
+    private = hidden_only()
+    found = []
+    for path in sources(language):
+        hidden_file = path.parent.name == "hidden"
+        with path.open("rb") as f:
+            for entry in read_po(f):
+                if entry.id and (entry.id in private) != hidden_file:
+                    side = "i18n/<language>/hidden/" if entry.id in private else "messages/"
+                    found.append(f"{path.relative_to(ROOT)}: {entry.id!r} belongs in {side}")
     return found
 
 

@@ -128,6 +128,18 @@ def test_the_lab_image_has_no_solution_hidden_check_or_mistake():
         assert not [f for f in files if f.startswith(private)], private
 
 
+def test_the_lab_image_has_the_public_translations_of_messages_alone():
+    """Of i18n/, students get the catalogues of the messages they may read: not the hidden
+    checks' (i18n/<language>/hidden/), not the notebooks' translations (which translate the
+    solutions' comments too)."""
+    files = image_files("lab")
+    translations = [f for f in files if f.startswith("i18n/")]
+    assert "i18n/zh_CN/messages/core.po" in translations
+    assert all(re.fullmatch(r"i18n/\w+/messages/[^/]+\.po", f) for f in translations), translations
+    for folder in (REPO / "i18n").glob("*/messages"):  # a new language gets its COPY line
+        assert f"{folder.relative_to(REPO)}/core.po" in files
+
+
 def test_the_lab_image_has_every_public_module_of_the_grader():
     """A new package under grader/ that the Dockerfile forgets fails here, not in a class."""
     files = image_files("lab")

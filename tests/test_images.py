@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dplab.i18n import LANGUAGES
 from grader.bench import make_class
 from grader.judge.registry import assignment_points
 from grader.manifest import REPO, load_manifest
@@ -85,7 +86,8 @@ def test_the_lab_image_holds_what_the_dockerfile_promises_and_no_private_part(im
     held = {p.removeprefix(WORK + "/") for p in proc.stdout.split()}
     assert held, proc.stderr
     assert not [f for f in held if f.startswith(PRIVATE)]
-    assert held == image_files("lab", workdir_only=True)  # as read from the Dockerfile
+    compiled = {f"dplab/locale/{lang}/LC_MESSAGES/lab.mo" for lang in LANGUAGES[1:]}
+    assert held == image_files("lab", workdir_only=True) | compiled  # as the Dockerfile says
 
 
 def test_the_lab_image_holds_no_developer_tool(images):
@@ -101,6 +103,39 @@ def test_a_student_checks_a_notebook_inside_the_lab(images):
         images["lab"], "python", "-m", "grader", "check", notebook, "--exercise", "allreduce"
     )
     assert "allreduce" in proc.stdout and "0/" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_student_checks_a_chinese_notebook_in_chinese_inside_the_lab(images):
+    """The image compiled the catalogues: the Chinese notebook's check speaks Chinese."""
+    notebook = f"{WORK}/exercises/zh_CN/{load_manifest().assignment}/from_scratch.ipynb"
+    proc = run(
+        images["lab"], "python", "-m", "grader", "check", notebook, "--exercise", "allreduce"
+    )
+    assert "from_scratch：0/11 分" in proc.stdout, proc.stdout + proc.stderr
+
+
+FONT_PROBE = """
+import warnings
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ft2font import FT2Font
+import dplab.plot
+dplab.plot.chinese_fonts()
+figure = Figure()
+axes = figure.add_subplot()
+axes.set_ylabel("测试精度，迭代周期")
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    FigureCanvasAgg(figure).draw()
+used = font_manager.fontManager._find_fonts_by_props(axes.yaxis.label.get_fontproperties())
+print([p for p in used if all(FT2Font(p).get_char_index(ord(c)) for c in "测试精度")])
+"""
+
+
+def test_the_lab_image_draws_chinese_labels_with_a_font_that_has_their_glyphs(images):
+    proc = run(images["lab"], "python", "-c", FONT_PROBE)
+    assert proc.returncode == 0 and "wqy" in proc.stdout.lower(), proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,13 @@ def test_every_message_has_a_chinese_translation_with_the_same_fields():
     assert messages.problems(LANGUAGE) == []
 
 
+def test_the_hidden_checks_messages_stay_out_of_the_students_catalogues():
+    """What only the hidden checks say is translated in i18n/zh_CN/hidden/, which the lab's
+    image leaves out as it leaves out the checks; nothing public is kept there."""
+    assert messages.hidden_only()
+    assert messages.misplaced(LANGUAGE) == []
+
+
 def test_the_translations_are_chinese(catalogue, wanted):
     """A translation that is the English copied over is no translation (messages that are
     all code, such as a bare `{name}`, excepted)."""
