@@ -94,6 +94,7 @@ def render_exercise(result: ExerciseResult, title: str = "", total: float | None
     """Return the exercise's verdicts as text for a terminal or a notebook; `total`: what the
     exercise is worth in all, where hidden checks were not run."""
     passed = sum(c.passed for c in result.checks)
+    title = _(title)  # (a title of the manifest, in English there)
     heading = _("{name} ({title})").format(name=result.name, title=title) if title else result.name
     if total is not None and total > result.max_score:
         said = _("{exercise}: {passed} of {count} public checks passed, {points}")
@@ -154,7 +155,7 @@ def render_submission(
             hidden=_points(whole - result.max_score),
         )
     parts += [
-        render_exercise(e, _(titles.get(e.name, "")), totals.get(e.name)) for e in result.exercises
+        render_exercise(e, titles.get(e.name, ""), totals.get(e.name)) for e in result.exercises
     ]
     if result.notes:
         shown = result.notes[:MAX_NOTES]
