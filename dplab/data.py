@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from dplab import settings
+from dplab.i18n import N_, _
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -89,30 +90,43 @@ def read_idx(path: Path) -> Tensor:
     with opener(path, "rb") as f:
         raw = f.read()
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+        raise ValueError(_("{path} is not an IDX file of unsigned bytes").format(path=path))
     ndim = raw[3]
     dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
     body = raw[4 + 4 * ndim :]
     if len(body) != math.prod(dims):
         raise ValueError(
-            f"{path} is truncated: expected {math.prod(dims)} bytes, found {len(body)}"
+            _("{path} is truncated: expected {expected} bytes, found {found}").format(
+                path=path, expected=math.prod(dims), found=len(body)
+            )
         )
     return torch.frombuffer(bytearray(body), dtype=torch.uint8).reshape(dims)
 
 
 @cache
-def _decode(files: tuple[tuple[str, Path], ...], source: str, is_sample: bool) -> FashionMNIST:
+def _decoded(files: tuple[tuple[str, Path], ...]) -> dict[str, Tensor]:
+    """Return the four files' tensors, labels as int64, decoded once whatever the language
+    their origin is told in."""
     tensors = {key: read_idx(path) for key, path in files}
+    return {key: t.long() if key.endswith("_labels") else t for key, t in tensors.items()}
+
+
+def _decode(files: tuple[tuple[str, Path], ...], source: str, is_sample: bool) -> FashionMNIST:
+    tensors = _decoded(files)
+    unmatched = {
+        "train": N_("the train files of {source} do not hold matching 28x28 images"),
+        "test": N_("the test files of {source} do not hold matching 28x28 images"),
+    }
     for split in ("train", "test"):
         images, labels = tensors[f"{split}_images"], tensors[f"{split}_labels"]
         if images.dim() != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
-            raise ValueError(f"the {split} files of {source} do not hold matching 28x28 images")
+            raise ValueError(_(unmatched[split]).format(source=source))
     folder = dict(files)["train_images"].parent
     return FashionMNIST(
         train_images=tensors["train_images"],
-        train_labels=tensors["train_labels"].long(),
+        train_labels=tensors["train_labels"],
         test_images=tensors["test_images"],
-        test_labels=tensors["test_labels"].long(),
+        test_labels=tensors["test_labels"],
         source=source,
         folder=folder,
         is_sample=is_sample,
@@ -135,28 +149,46 @@ def find_full_set(path: str | Path | None = None) -> tuple[dict[str, Path], str,
         folder = Path(given).expanduser()
         for candidate in (folder, folder / "FashionMNIST" / "raw"):
             if found := files_in(candidate):
-                return found, f"the folder you gave, {candidate}", tried
-        tried.append(f"the folder you gave, {folder}: the four files are not all there")
+                return found, _("the folder you gave, {folder}").format(folder=candidate), tried
+        tried.append(
+            _("the folder you gave, {folder}: the four files are not all there").format(
+                folder=folder
+            )
+        )
     raw = data_root() / "FashionMNIST" / "raw"
     if found := files_in(raw):
-        return found, f"torchvision's folder {raw}", tried
-    tried.append(f"torchvision's folder {raw}: not there (set DPLAB_DATA_ROOT to use another)")
+        return found, _("torchvision's folder {folder}").format(folder=raw), tried
+    tried.append(
+        _("torchvision's folder {folder}: not there (set DPLAB_DATA_ROOT to use another)").format(
+            folder=raw
+        )
+    )
     for folder in SYSTEM_DIRS:
         if found := files_in(folder):
-            return found, f"the dataset-fashion-mnist package in {folder}", tried
+            origin = _("the dataset-fashion-mnist package in {folder}").format(folder=folder)
+            return found, origin, tried
     tried.append(
-        f"{', '.join(map(str, SYSTEM_DIRS))}: not there "
-        "(on Debian or Ubuntu: apt-get install dataset-fashion-mnist)"
+        _(
+            "{folders}: not there (on Debian or Ubuntu: apt-get install dataset-fashion-mnist)"
+        ).format(folders=", ".join(map(str, SYSTEM_DIRS)))
     )
     if settings.OFFLINE.get() not in ("", "0"):
-        tried.append("a download: skipped because DPLAB_OFFLINE is set")
+        tried.append(_("a download: skipped because DPLAB_OFFLINE is set"))
     else:
         try:
             if found := _download(data_root()):
-                return found, f"a torchvision download into {raw}", tried
-            tried.append(f"a download into {data_root()}: finished but the files are missing")
+                return found, _("a torchvision download into {folder}").format(folder=raw), tried
+            tried.append(
+                _("a download into {folder}: finished but the files are missing").format(
+                    folder=data_root()
+                )
+            )
         except Exception as error:  # any network or disk failure: report it, don't hide it
-            tried.append(f"a download into {data_root()}: failed ({type(error).__name__}: {error})")
+            tried.append(
+                _("a download into {folder}: failed ({kind}: {error})").format(
+                    folder=data_root(), kind=type(error).__name__, error=error
+                )
+            )
     return {}, "", tried
 
 
@@ -173,8 +205,12 @@ def embedded_sample() -> FashionMNIST:
     """Return the sample shipped with the lab (4,000 training and 1,000 test images)."""
     found = files_in(SAMPLE_DIR)
     if found is None:
-        raise DataNotFound(f"the embedded sample is missing from {SAMPLE_DIR}; reinstall dplab")
-    return _decode(tuple(sorted(found.items())), "the lab's embedded sample", True)
+        raise DataNotFound(
+            _("the embedded sample is missing from {folder}; reinstall dplab").format(
+                folder=SAMPLE_DIR
+            )
+        )
+    return _decode(tuple(sorted(found.items())), _("the lab's embedded sample"), True)
 
 
 def fashion_mnist(path: str | Path | None = None, source: str | None = None) -> FashionMNIST:
@@ -195,8 +231,10 @@ def data_limit() -> tuple[int, int] | None:
         train = test = 0
     if train < 1 or test < 1:
         raise ValueError(
-            f"DPLAB_DATA_LIMIT must be two whole numbers above zero, TRAIN,TEST (such as "
-            f"512,256), not {text!r}: set it so, or unset it to use every image"
+            _(
+                "DPLAB_DATA_LIMIT must be two whole numbers above zero, TRAIN,TEST (such as "
+                "512,256), not {value}: set it so, or unset it to use every image"
+            ).format(value=repr(text))
         )
     return train, test
 
@@ -215,8 +253,10 @@ def _limited(data: FashionMNIST) -> FashionMNIST:
         test_labels=data.test_labels[:test],
     )
     _announce(
-        f"Fashion-MNIST: keeping the first {len(kept.train_labels):,} training and "
-        f"{len(kept.test_labels):,} test images, as DPLAB_DATA_LIMIT asks."
+        _(
+            "Fashion-MNIST: keeping the first {train} training and {test} test images, as "
+            "DPLAB_DATA_LIMIT asks."
+        ).format(train=f"{len(kept.train_labels):,}", test=f"{len(kept.test_labels):,}")
     )
     return kept
 
@@ -224,29 +264,42 @@ def _limited(data: FashionMNIST) -> FashionMNIST:
 def _chosen(path: str | Path | None, source: str | None) -> FashionMNIST:
     source = source or settings.DATA_SOURCE.get()
     if source not in ("auto", "full", "sample"):
-        raise ValueError(f'source must be "auto", "full" or "sample", not {source!r}')
+        raise ValueError(
+            _('source must be "auto", "full" or "sample", not {source}').format(source=repr(source))
+        )
     tried: list[str] = []
     if source != "sample":
         found, origin, tried = find_full_set(path)
         if found:
             data = _decode(tuple(sorted(found.items())), origin, False)
             _announce(
-                f"Fashion-MNIST: {len(data.train_images):,} training and "
-                f"{len(data.test_images):,} test images from {origin}."
+                _("Fashion-MNIST: {train} training and {test} test images from {origin}.").format(
+                    train=f"{len(data.train_images):,}",
+                    test=f"{len(data.test_images):,}",
+                    origin=origin,
+                )
             )
             return data
         if source == "full":
             raise DataNotFound(
-                "the full Fashion-MNIST set was asked for, but none was found. Tried:\n  - "
-                + "\n  - ".join(tried)
-                + "\nGive a folder with path=..., or install the dataset-fashion-mnist package."
+                _(
+                    "the full Fashion-MNIST set was asked for, but none was found. Tried:\n"
+                    "  - {tried}\n"
+                    "Give a folder with path=..., or install the dataset-fashion-mnist package."
+                ).format(tried="\n  - ".join(tried))
             )
     data = embedded_sample()
-    why = "as asked" if source == "sample" else "because no full copy was found"
-    _announce(
-        f"Fashion-MNIST: using the lab's embedded sample ({len(data.train_images):,} training and "
-        f"{len(data.test_images):,} test images) {why}. Accuracy will be lower than the book's."
-    )
+    if source == "sample":
+        said = _(
+            "Fashion-MNIST: using the lab's embedded sample ({train} training and {test} test "
+            "images) as asked. Accuracy will be lower than the book's."
+        )
+    else:
+        said = _(
+            "Fashion-MNIST: using the lab's embedded sample ({train} training and {test} test "
+            "images) because no full copy was found. Accuracy will be lower than the book's."
+        )
+    _announce(said.format(train=f"{len(data.train_images):,}", test=f"{len(data.test_images):,}"))
     return data
 
 
@@ -267,7 +320,9 @@ class Batches:
         seed: int | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+            raise ValueError(
+                _("batch_size must be at least 1, got {batch_size}").format(batch_size=batch_size)
+            )
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle = batch_size, shuffle
         self.resize = (resize, resize) if isinstance(resize, int) else resize

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from dplab import settings, sim
+from dplab.i18n import _
 
 MODES = ("auto", "real", "stand-in", "cpu")
 _told: set[str] = set()
@@ -55,7 +56,11 @@ def device_mode() -> str:
     """Return how the lab picks devices (see the module docstring)."""
     mode = settings.DEVICES.get().strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"DPLAB_DEVICES must be one of {', '.join(MODES)}, not {mode!r}")
+        raise ValueError(
+            _("DPLAB_DEVICES must be one of {modes}, not {mode}").format(
+                modes=", ".join(MODES), mode=repr(mode)
+            )
+        )
     return mode
 
 
@@ -65,9 +70,11 @@ def stand_in_count() -> int:
     try:
         count = int(value)
     except ValueError:
-        raise ValueError(f"DPLAB_STAND_INS must be a whole number, not {value!r}") from None
+        raise ValueError(
+            _("DPLAB_STAND_INS must be a whole number, not {value}").format(value=repr(value))
+        ) from None
     if count < 1:
-        raise ValueError(f"DPLAB_STAND_INS must be at least 1, not {count}")
+        raise ValueError(_("DPLAB_STAND_INS must be at least 1, not {count}").format(count=count))
     return count
 
 
@@ -90,12 +97,26 @@ def use_stand_ins(count: int = 2) -> None:
     sim.enable(count)
     install_cuda_shims()
     backing = sim.backing_device()
-    have = "no GPU" if num_gpus() == 0 else f"{num_gpus()} GPU" + ("s" if num_gpus() > 1 else "")
-    _tell(
-        f"dplab: this machine has {have}, so the lab gives you stand-in devices sim:0, "
-        f"sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
-        "real GPUs, and the numbers come out the same; only the speed differs."
-    )
+    gpus = num_gpus()
+    if gpus == 0:
+        said = _(
+            "dplab: this machine has no GPU, so the lab gives you stand-in devices sim:0, "
+            "sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
+            "real GPUs, and the numbers come out the same; only the speed differs."
+        )
+    elif gpus == 1:
+        said = _(
+            "dplab: this machine has 1 GPU, so the lab gives you stand-in devices sim:0, "
+            "sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
+            "real GPUs, and the numbers come out the same; only the speed differs."
+        )
+    else:
+        said = _(
+            "dplab: this machine has {count} GPUs, so the lab gives you stand-in devices sim:0, "
+            "sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
+            "real GPUs, and the numbers come out the same; only the speed differs."
+        )
+    _tell(said.format(count=gpus, backing=backing))
 
 
 def device_count() -> int:
@@ -109,10 +130,10 @@ def device_count() -> int:
 def lab_device(i: int = 0, mode: str | None = None) -> torch.device:
     """Return device number `i` for the lab (in `mode`; see the module docstring)."""
     if i < 0:
-        raise ValueError(f"device numbers start at 0, got {i}")
+        raise ValueError(_("device numbers start at 0, got {i}").format(i=i))
     mode = mode or device_mode()
     if mode == "cpu":
-        _tell("dplab: DPLAB_DEVICES=cpu, so every device is the CPU.")
+        _tell(_("dplab: DPLAB_DEVICES=cpu, so every device is the CPU."))
         install_cuda_shims()
         return torch.device("cpu")
     if not using_stand_ins(mode):
@@ -124,7 +145,7 @@ def lab_device(i: int = 0, mode: str | None = None) -> torch.device:
 def lab_devices(n: int = 2, mode: str | None = None) -> list[torch.device]:
     """Return `n` devices to train on (in `mode`, default DPLAB_DEVICES)."""
     if n < 1:
-        raise ValueError(f"ask for at least one device, got {n}")
+        raise ValueError(_("ask for at least one device, got {n}").format(n=n))
     return [lab_device(i, mode) for i in range(n)]
 
 

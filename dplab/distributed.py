@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from dplab.i18n import _
 from dplab.launched import (  # noqa: F401  (what a launch gives back, and how it fails)
     AUTOGRAD_FORK_HINT,
     GroupNotFormed,
@@ -61,7 +62,11 @@ def choose_backend(nprocs: int, backend: str | None = None) -> str:
     if backend in ("gloo", "nccl"):
         return backend
     if backend not in (None, "auto"):
-        raise ValueError(f'backend must be "gloo", "nccl" or "auto", not {backend!r}')
+        raise ValueError(
+            _('backend must be "gloo", "nccl" or "auto", not {backend}').format(
+                backend=repr(backend)
+            )
+        )
     usable = torch.cuda.is_available() and torch.distributed.is_nccl_available()
     return "nccl" if usable and torch.cuda.device_count() >= nprocs else "gloo"
 
@@ -86,7 +91,7 @@ def time_allreduce(
         tensor = torch.zeros(max(1, size // 4), device=device)  # zeros: sums never overflow
         allreduce(tensor)  # a first call sets up connections and buffers
         times = []
-        for _ in range(repeats):
+        for _repeat in range(repeats):
             torch.distributed.barrier()
             start = time.perf_counter()
             allreduce(tensor)
@@ -129,20 +134,30 @@ def check_arguments(fn: Callable, args: tuple, nprocs: int, backend: str | None)
     if _skipping[0]:
         raise LaunchSkipped(getattr(fn, "__name__", "the function"))
     if not callable(fn):
-        raise TypeError(f"launch needs a function to run in every process, not {fn!r}")
+        raise TypeError(
+            _("launch needs a function to run in every process, not {fn}").format(fn=repr(fn))
+        )
     if not isinstance(nprocs, int) or not 1 <= nprocs <= MAX_PROCESSES:
-        raise ValueError(f"nprocs must be a whole number from 1 to {MAX_PROCESSES}, not {nprocs!r}")
+        raise ValueError(
+            _("nprocs must be a whole number from 1 to {most}, not {nprocs}").format(
+                most=MAX_PROCESSES, nprocs=repr(nprocs)
+            )
+        )
     if not isinstance(args, tuple | list):
-        raise TypeError(f"args must be a tuple of fn's arguments, not {type(args).__name__}")
+        raise TypeError(
+            _("args must be a tuple of fn's arguments, not {kind}").format(kind=type(args).__name__)
+        )
     chosen = choose_backend(nprocs, backend)
     if chosen == "nccl" and torch.cuda.is_initialized():
         raise RuntimeError(
-            "this process has already used CUDA, and forked processes cannot use it after "
-            "that: restart the kernel and launch before any CUDA code runs here, or pass "
-            'backend="gloo"'
+            _(
+                "this process has already used CUDA, and forked processes cannot use it after "
+                "that: restart the kernel and launch before any CUDA code runs here, or pass "
+                'backend="gloo"'
+            )
         )
     if torch.distributed.is_initialized():
-        raise RuntimeError("launch starts its own process group: call it outside of one")
+        raise RuntimeError(_("launch starts its own process group: call it outside of one"))
     # Every torch.optim optimizer imports torch._dynamo (over a second): import it here, once,
     # so that the ranks, forked afresh at each launch, find it already loaded.
     importlib.import_module("torch._dynamo")
@@ -222,7 +237,7 @@ def launch(
     with launch_folder() as folder:
         group = start_group(fn, args, kwargs, nprocs, chosen, folder, store_timeout, show)
         try:
-            for _ in watch_group(group, nprocs, timeout, idle_timeout, cpu_limit):
+            for _wait in watch_group(group, nprocs, timeout, idle_timeout, cpu_limit):
                 pause(started)
         except BaseException:  # Ctrl-C in the notebook stops every rank too
             group.kill()

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dplab.i18n import N_, _
+
 
 @dataclass
 class Launched:
@@ -23,13 +25,17 @@ class Launched:
         return self.results[0]
 
     def __repr__(self) -> str:
-        return (
-            f"Launched({len(self.results)} processes on {self.backend}, {self.seconds:.1f} s; "
-            f"rank 0 returned {self.result!r})"
+        return _(
+            "Launched({n} processes on {backend}, {seconds} s; rank 0 returned {result})"
+        ).format(
+            n=len(self.results),
+            backend=self.backend,
+            seconds=f"{self.seconds:.1f}",
+            result=repr(self.result),
         )
 
 
-AUTOGRAD_FORK_HINT = (
+AUTOGRAD_FORK_HINT = N_(
     "(This process ran a backward pass before it forked the ranks, with a GPU or the lab's "
     "stand-in devices present: that starts autograd's threads, which a forked process cannot "
     "use. Restart the kernel and run backward passes only inside the launched functions.)"
@@ -39,7 +45,9 @@ AUTOGRAD_FORK_HINT = (
 class LaunchError(RuntimeError):
     """A launch that did not end well; `rank` names the process that stopped it (None when
     several did), `outputs` holds what every rank printed, and `results` what the ranks whose
-    function had returned (`finished`) returned, by rank."""
+    function had returned (`finished`) returned, by rank. `raised` is the name of the
+    exception that the rank to blame raised, where it raised one (the message says it in the
+    reader's language: test this instead)."""
 
     def __init__(
         self,
@@ -48,12 +56,14 @@ class LaunchError(RuntimeError):
         outputs: list[str],
         finished: list[int] = (),
         results: dict[int, Any] | None = None,
+        raised: str | None = None,
     ) -> None:
         super().__init__(message)
         self.rank = rank
         self.outputs = outputs
         self.finished = list(finished)  # ranks whose function had returned
         self.results = dict(results or {})
+        self.raised = raised
 
     def _render_traceback_(self) -> list[str]:
         """What a notebook shows (IPython asks for it): the error alone, with the student's

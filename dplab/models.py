@@ -4,6 +4,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from dplab.i18n import N_, _
+
 
 def lenet_params(scale: float = 0.01, seed: int | None = None) -> list[Tensor]:
     """Return LeNet's eight parameters, weights drawn from N(0, scale^2) and zero biases.
@@ -64,7 +66,7 @@ class Residual(nn.Module):
         return F.relu(Y + X)
 
 
-RESIDUAL_FORMS = (
+RESIDUAL_FORMS = N_(
     "Residual(input_channels, num_channels, use_1x1conv=False, strides=1) (d2l 2.0) or "
     "Residual(num_channels, use_1x1conv=False, strides=1) (d2l 1.0)"
 )
@@ -74,26 +76,28 @@ def _residual_arguments(args: tuple, kwargs: dict) -> tuple[int | None, int, boo
     """Sort Residual's arguments into (input_channels or None, num_channels, use_1x1conv,
     strides), whichever edition's form they follow."""
 
-    def wrong(why: str) -> TypeError:
-        return TypeError(f"Residual {why}; it takes {RESIDUAL_FORMS}")
+    def wrong(message: str, **values: object) -> TypeError:
+        return TypeError(_(message).format(forms=_(RESIDUAL_FORMS), **values))
 
     unknown = set(kwargs) - {"input_channels", "num_channels", "use_1x1conv", "strides"}
     if unknown:
-        raise wrong(f"got unexpected arguments {sorted(unknown)}")
+        raise wrong(
+            N_("Residual got unexpected arguments {names}; it takes {forms}"), names=sorted(unknown)
+        )
     rest = list(args)
     counts = []  # the leading channel counts: whole numbers, not True or False
     while rest and len(counts) < 2 and isinstance(rest[0], int) and not isinstance(rest[0], bool):
         counts.append(rest.pop(0))
     if len(rest) > 2:
-        raise wrong(f"got too many arguments {args}")
+        raise wrong(N_("Residual got too many arguments {args}; it takes {forms}"), args=args)
     options = dict(kwargs)
     for key, value in zip(("use_1x1conv", "strides"), rest, strict=False):
         if key in options:
-            raise wrong(f"got {key} twice")
+            raise wrong(N_("Residual got {key} twice; it takes {forms}"), key=key)
         options[key] = value
     if len(counts) == 2:  # Residual(64, 128, ...): the 2.0 form
         if "input_channels" in options or "num_channels" in options:
-            raise wrong("got the channels twice")
+            raise wrong(N_("Residual got the channels twice; it takes {forms}"))
         input_channels, num_channels = counts
     elif len(counts) == 1 and "num_channels" in options:  # Residual(64, num_channels=128)
         input_channels, num_channels = counts[0], options["num_channels"]
@@ -102,7 +106,7 @@ def _residual_arguments(args: tuple, kwargs: dict) -> tuple[int | None, int, boo
     elif "num_channels" in options:
         input_channels, num_channels = options.get("input_channels"), options["num_channels"]
     else:
-        raise wrong("needs the number of channels")
+        raise wrong(N_("Residual needs the number of channels; it takes {forms}"))
     return (
         input_channels,
         int(num_channels),

@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import dplab
+from dplab.i18n import _
 from dplab.launched import LaunchSkipped, launches_skipped
 
 # Never run while loading: the notebook's own check cells (grading runs the checks) and its
@@ -38,18 +39,24 @@ def _code_cells(path: Path) -> list[tuple[dict, str]]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise NotebookError(f"{name} does not exist") from None
+        raise NotebookError(_("{name} does not exist").format(name=name)) from None
     except (OSError, UnicodeDecodeError) as error:
-        raise NotebookError(f"{name} cannot be read: {type(error).__name__}") from None
+        raise NotebookError(
+            _("{name} cannot be read: {error}").format(name=name, error=type(error).__name__)
+        ) from None
     try:
         nb = json.loads(text)
     except json.JSONDecodeError as error:
         raise NotebookError(
-            f"{name} is not valid JSON ({error.msg} at line {error.lineno}); "
-            "open it in JupyterLab and save it again, or submit a fresh copy"
+            _(
+                "{name} is not valid JSON ({error} at line {line}); open it in JupyterLab and "
+                "save it again, or submit a fresh copy"
+            ).format(name=name, error=error.msg, line=error.lineno)
         ) from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotebookError(f"{name} is JSON but not a notebook: it has no list of cells")
+        raise NotebookError(
+            _("{name} is JSON but not a notebook: it has no list of cells").format(name=name)
+        )
     cells = []
     for cell in nb["cells"]:
         if isinstance(cell, dict) and cell.get("cell_type") == "code":
@@ -60,7 +67,7 @@ def _code_cells(path: Path) -> list[tuple[dict, str]]:
 
 def read_cells(path: Path) -> list[str]:
     """Return the sources of the notebook's code cells, or raise NotebookError saying why not."""
-    return [source for _, source in _code_cells(path)]
+    return [source for _cell, source in _code_cells(path)]
 
 
 def read_code_cells(path: Path) -> list[tuple[str, str]]:
@@ -103,7 +110,7 @@ def strip_magics(source: str) -> tuple[str, str | None]:
     if first.startswith("%%"):
         if first.split()[0] in ("%%time", "%%capture"):
             return "\n".join([""] + lines[1:]), None
-        return "", f"skipped a {first.split()[0]} cell magic"
+        return "", _("skipped a {magic} cell magic").format(magic=first.split()[0])
     kept = []
     for line in lines:
         stripped = line.lstrip()
@@ -147,7 +154,7 @@ def definitions(path: Path, skip_calls: frozenset[str] = frozenset()) -> dict:
     namespace: dict = {"__name__": f"notebook_{Path(path).stem.replace('-', '_')}"}
     with launches_skipped():
         for raw, label in read_code_cells(path):
-            source, _ = strip_magics(raw)
+            source = strip_magics(raw)[0]
             filename = f"<{Path(path).name}, cell {label}>"
             for statement in ast.parse(source, filename=filename).body:
                 if calls_any(statement, skip_calls | NEVER_CALLED):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from dplab import settings
+from dplab.i18n import _
 
 # Set in a process forked from the kernel (dplab.distributed): it must not draw in the
 # notebook, whose connection belongs to the kernel; its plots are saved as files instead.
@@ -120,8 +121,8 @@ class Animator:
         ys = list(y) if isinstance(y, list | tuple) else [y]
         xs = list(x) if isinstance(x, list | tuple) else [x] * len(ys)
         if self.X is None:
-            self.X = [[] for _ in ys]
-            self.Y = [[] for _ in ys]
+            self.X = [[] for _y in ys]
+            self.Y = [[] for _y in ys]
         for i, (a, b) in enumerate(zip(xs, ys, strict=True)):
             if a is not None and b is not None:
                 self.X[i].append(float(a))
@@ -159,8 +160,10 @@ class Animator:
             if not self._warned:
                 self._warned = True
                 print(
-                    f"dplab: cannot save the plot to {self.path} ({error.strerror}); "
-                    "set DPLAB_FIGURE_DIR to a folder you may write to",
+                    _(
+                        "dplab: cannot save the plot to {path} ({why}); set DPLAB_FIGURE_DIR "
+                        "to a folder you may write to"
+                    ).format(path=self.path, why=error.strerror),
                     file=sys.stderr,
                 )
 

@@ -18,7 +18,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-LAUNCH_HINT = (
+from dplab.i18n import N_, _
+
+DESCRIPTION = N_(
+    "Train LeNet on Fashion-MNIST with a notebook's `train_ddp`, one process per GPU, under "
+    "torchrun."
+)
+LAUNCH_HINT = N_(
     "dplab.train_ddp runs in each process of a group started by torchrun, e.g.\n"
     "  torchrun --nproc-per-node 2 -m dplab.train_ddp --notebook distributed.ipynb"
 )
@@ -34,17 +40,21 @@ def default_notebook() -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dplab.train_ddp", description=__doc__.split("\n")[0])
-    parser.add_argument("--notebook", type=Path, default=None, help="whose train_ddp to run")
+    parser = argparse.ArgumentParser(prog="dplab.train_ddp", description=_(DESCRIPTION))
+    parser.add_argument("--notebook", type=Path, default=None, help=_("whose train_ddp to run"))
     parser.add_argument(
-        "--model", default="lenet", help="the notebook's function that builds the network"
+        "--model", default="lenet", help=_("the notebook's function that builds the network")
     )
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=256, help="the global batch")
+    parser.add_argument("--batch-size", type=int, default=256, help=_("the global batch"))
     parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--data", choices=["auto", "full", "sample"], default="auto")
     parser.add_argument(
-        "--subset", type=int, nargs=2, metavar=("TRAIN", "TEST"), help="keep only the first"
+        "--subset",
+        type=int,
+        nargs=2,
+        metavar=("TRAIN", "TEST"),
+        help=_("keep only the first"),
     )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
@@ -75,18 +85,27 @@ def load_functions(notebook: Path, model: str) -> dict:
         raise SystemExit(f"dplab.train_ddp: {notebook}: {error}") from None
     for name in ("train_ddp", model):
         if not callable(found.get(name)):
-            raise SystemExit(f"dplab.train_ddp: {notebook} defines no function `{name}`")
+            raise SystemExit(
+                _("dplab.train_ddp: {notebook} defines no function `{name}`").format(
+                    notebook=notebook, name=name
+                )
+            )
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if "RANK" not in os.environ or "LOCAL_RANK" not in os.environ:
-        print(LAUNCH_HINT, file=sys.stderr)
+        print(_(LAUNCH_HINT), file=sys.stderr)
         return 2
     notebook = args.notebook or default_notebook()
     if not notebook.exists():
-        print(f"dplab.train_ddp: no notebook at {notebook}; pass --notebook PATH", file=sys.stderr)
+        print(
+            _("dplab.train_ddp: no notebook at {notebook}; pass --notebook PATH").format(
+                notebook=notebook
+            ),
+            file=sys.stderr,
+        )
         return 2
     import dplab
 

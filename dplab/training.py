@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from dplab.devices import synchronize
+from dplab.i18n import _
 
 
 class Timer:
@@ -90,7 +91,7 @@ def evaluate_accuracy_gpu(
         if device is None:
             device = next(iter(net.parameters())).device
     if device is None:
-        raise ValueError("pass the device to evaluate on when `net` is a function, not a module")
+        raise ValueError(_("pass the device to evaluate on when `net` is a function, not a module"))
     correct, total = 0.0, 0
     with torch.no_grad():
         for X, y in data_iter:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dplab.i18n import N_, _
 from dplab.launched import AUTOGRAD_FORK_HINT, LaunchError, RankFailed, RanksHung, RanksTimedOut
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -52,12 +53,15 @@ def describe_status(status: int) -> str:
     """Say in words how a rank's process ended, from its wait status."""
     if os.WIFSIGNALED(status):
         name = signal.Signals(os.WTERMSIG(status)).name
-        return {
-            "SIGSEGV": "crashed with a segmentation fault",
-            "SIGKILL": "was killed (SIGKILL), perhaps for using too much memory",
-            "SIGABRT": "aborted",
-        }.get(name, f"was killed by {name}")
-    return f"exited with code {os.waitstatus_to_exitcode(status)} without a result"
+        said = {
+            "SIGSEGV": N_("crashed with a segmentation fault"),
+            "SIGKILL": N_("was killed (SIGKILL), perhaps for using too much memory"),
+            "SIGABRT": N_("aborted"),
+        }.get(name, N_("was killed by {signal}"))
+        return _(said).format(signal=name)
+    return _("exited with code {code} without a result").format(
+        code=os.waitstatus_to_exitcode(status)
+    )
 
 
 # Files whose frames are the machinery's, not the code being run: a stack shown to the user
@@ -77,11 +81,13 @@ def where_from(dump: str, keep: int = 3) -> str:
     frames = frames[: inside[0]] if inside else frames  # what lies under fn is the launcher's
     if not frames:
         return ""
-    waiting = ""
-    if "distributed" in frames[0] and " in " in frames[0]:
-        waiting = f"waiting in torch.distributed's {frames[0].rsplit(' in ', 1)[1]}, called from "
     own = [f for f in frames if not any(part in f for part in LIBRARY_PARTS)][:keep]
-    return waiting + ("; from ".join(own) if own else frames[0])
+    called = _("; from ").join(own) if own else frames[0]
+    if "distributed" in frames[0] and " in " in frames[0]:
+        return _("waiting in torch.distributed's {call}, called from {frames}").format(
+            call=frames[0].rsplit(" in ", 1)[1], frames=called
+        )
+    return called
 
 
 def own_frames(trace: str) -> str:
@@ -262,7 +268,7 @@ class Group:
             with contextlib.suppress(OSError):
                 os.kill(self.pids[r], signal.SIGKILL)
         for r in self.running:
-            _, self.status[r] = os.waitpid(self.pids[r], 0)
+            self.status[r] = os.waitpid(self.pids[r], 0)[1]
 
     def stop(
         self, error: type[LaunchError], message: str, rank: int | None = None, finished=()
@@ -273,6 +279,14 @@ class Group:
         self.flush()
         outputs = [self.output(r) for r in range(len(self.pids))]
         return error(message, rank, outputs, finished, self.results_of(finished))
+
+    def raised(self, rank: int) -> str | None:
+        """Return the name of the exception rank's function raised, if it raised one."""
+        try:
+            with open(self.folder / f"rank{rank}.error", "rb") as f:
+                return pickle.load(f)[0]
+        except (OSError, EOFError, pickle.UnpicklingError, IndexError, TypeError):
+            return None
 
     def returned(self, rank: int) -> bool:
         """Return True when rank's function has returned (it waits for the others then)."""
@@ -293,15 +307,21 @@ class Group:
             with open(path, "rb") as f:
                 kind, message, trace = pickle.load(f)
             own = own_frames(trace)
-            return f"rank {rank} raised {kind}: {message}" + (f"\n{own}" if own else "")
+            said = _("rank {rank} raised {kind}: {message}").format(
+                rank=rank, kind=kind, message=message
+            )
+            return said + (f"\n{own}" if own else "")
         lines = self.output(rank).strip().splitlines()
         # A library that aborts says why in a line of its own ("what(): ..."), which the stack
         # that Python's fault handler writes after it would push out of the last lines.
         why = [i for i, line in enumerate(lines) if line.lstrip().startswith("what():")]
         said = "\n".join(lines[max(0, why[-1] - 1) : why[-1] + 1] if why else lines[-6:])
-        return f"rank {rank}'s process {describe_status(self.status[rank])}" + (
-            f"; the last lines it wrote:\n{said}" if said else ""
-        )
+        how = describe_status(self.status[rank])
+        if said:
+            return _("rank {rank}'s process {how}; the last lines it wrote:\n{lines}").format(
+                rank=rank, how=how, lines=said
+            )
+        return _("rank {rank}'s process {how}").format(rank=rank, how=how)
 
 
 # What gloo says when the process at the other end of a connection has gone.
@@ -397,8 +417,10 @@ def watch_group(
         if cpu_limit and cpu > cpu_limit:
             raise group.stop(
                 RanksTimedOut,
-                f"the {nprocs} processes used more than {cpu_limit:.3g} s of processor time "
-                "between them and were stopped",
+                _(
+                    "the {n} processes used more than {seconds} s of processor time between "
+                    "them and were stopped"
+                ).format(n=nprocs, seconds=f"{cpu_limit:.3g}"),
             )
         if stuck and grace_until is None and all(group.returned(r) for r in range(nprocs)):
             # Every rank's function has returned, so none waits for the code any more: what
@@ -411,28 +433,38 @@ def watch_group(
             stacks = group.where()
             done = [r for r in range(nprocs) if group.returned(r)]
             waiting = [r for r in range(nprocs) if r not in done]
-            lines = [
-                f"rank {r} computed nothing for {round(quiet_for, 1):g} s and had not finished"
-                + (f": {stacks[r]}" if stacks.get(r) else "")
-                for r in waiting
-            ]
+            seconds = f"{round(quiet_for, 1):g}"
+            lines = []
+            for r in waiting:
+                if stacks.get(r):
+                    said = _(
+                        "rank {rank} computed nothing for {seconds} s and had not finished: {where}"
+                    )
+                else:
+                    said = _("rank {rank} computed nothing for {seconds} s and had not finished")
+                lines.append(said.format(rank=r, seconds=seconds, where=stacks.get(r)))
             if done:
                 lines.append(
-                    f"rank(s) {', '.join(map(str, done))} had returned, and waited for the "
-                    "others to return too"
+                    _(
+                        "rank(s) {ranks} had returned, and waited for the others to return too"
+                    ).format(ranks=", ".join(map(str, done)))
                 )
             why = (
-                "a rank skipped a call that the others made, so they wait for it"
+                _("a rank skipped a call that the others made, so they wait for it.")
                 if done
-                else "the ranks are waiting for each other (a deadlock): for example every "
-                "rank doing a blocking send first"
+                else _(
+                    "the ranks are waiting for each other (a deadlock): for example every "
+                    "rank doing a blocking send first."
+                )
             )
             rank = waiting[0] if len(waiting) == 1 else None
-            raise group.stop(RanksHung, why + ".\n  " + "\n  ".join(lines), rank, done)
+            raise group.stop(RanksHung, why + "\n  " + "\n  ".join(lines), rank, done)
         if timeout and now - started > timeout:
             raise group.stop(
                 RanksTimedOut,
-                f"the {nprocs} processes ran past the limit of {timeout:g} s and were stopped",
+                _("the {n} processes ran past the limit of {seconds} s and were stopped").format(
+                    n=nprocs, seconds=f"{timeout:g}"
+                ),
             )
         yield
     if group.running:
@@ -443,15 +475,18 @@ def watch_group(
         first, others = failed[0], sorted(failed[1:] + group.running)
         message = group.error_of(first)
         if "autograd's threading in combination with fork" in message:
-            message += "\n" + AUTOGRAD_FORK_HINT
+            message += "\n" + _(AUTOGRAD_FORK_HINT)
         if others:
-            message += f"\n(then rank(s) {', '.join(map(str, others))} stopped as well)"
+            message += "\n" + _("(then rank(s) {ranks} stopped as well)").format(
+                ranks=", ".join(map(str, others))
+            )
         finished = group.finished()
         if finished:
-            message += (
-                f"\n(rank(s) {', '.join(map(str, finished))} had finished: a rank that "
-                "skips a collective or a send leaves the others waiting for it)"
-            )
+            message += "\n" + _(
+                "(rank(s) {ranks} had finished: a rank that skips a collective or a send leaves "
+                "the others waiting for it)"
+            ).format(ranks=", ".join(map(str, finished)))
         outputs = [group.output(r) for r in range(nprocs)]
         returned = [r for r in range(nprocs) if group.returned(r)]
-        raise RankFailed(message, first, outputs, returned, group.results_of(returned))
+        results = group.results_of(returned)
+        raise RankFailed(message, first, outputs, returned, results, group.raised(first))
