@@ -139,7 +139,10 @@ class Animator:
         ax.set_xscale(self.xscale)
         ax.set_yscale(self.yscale)
         if self.xlim:
-            ax.set_xlim(self.xlim)
+            low, high = self.xlim
+            if low == high:  # one epoch (xlim=[1, num_epochs]): a unit around it, no warning
+                low, high = low - 0.5, high + 0.5
+            ax.set_xlim(low, high)
         if self.ylim:
             ax.set_ylim(self.ylim)
         if self.legend:

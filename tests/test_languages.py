@@ -147,3 +147,17 @@ def test_a_check_cell_speaks_its_notebooks_language(monkeypatch, capsys):
     points = check_cell("split_batch", split_batch)
     assert "public checks passed" in capsys.readouterr().out
     assert points._repr_markdown_().startswith("**6 of 8 points**")
+
+
+def test_a_group_that_never_formed_is_known_in_either_language():
+    """The grader runs again a group whose ranks could not connect (not the student's fault),
+    whatever language the launch's message is in: it reads the exception's name, not the text."""
+    from dplab.launched import GroupNotFormed, RankFailed
+    from grader.ranks.side_by_side import not_formed
+
+    for language in ("en", "zh_CN"):
+        with i18n.speaking(language):
+            text = i18n._("rank {rank} raised {kind}: {message}")
+            failed = RankFailed(text, 0, ["", ""], raised=GroupNotFormed.__name__)
+            assert not_formed(failed)
+            assert not not_formed(RankFailed(text, 0, ["", ""], raised="ValueError"))

@@ -3,12 +3,14 @@
 import gzip
 import shutil
 import struct
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 import dplab
+import dplab.plot
 import grader.devices
 from dplab import data as fm
 from dplab.devices import lab_devices, scatter, synchronize, try_all_gpus, try_gpu
@@ -411,3 +413,13 @@ def test_a_notebooks_definitions_load_without_its_training_runs_or_launches(tmp_
     assert callable(found["train_ddp"]) and found["defined"] is True
     assert "result" not in found  # its statement ended at the launch
     assert not ran.exists()
+
+
+def test_an_animator_over_one_epoch_warns_of_nothing(tmp_path, monkeypatch):
+    """`xlim=[1, num_epochs]` with one epoch (the notebooks' short run on stand-in devices)
+    plots without matplotlib's warning about identical limits."""
+    monkeypatch.setenv("DPLAB_FIGURE_DIR", str(tmp_path))
+    animator = dplab.plot.Animator("epoch", "test acc", xlim=[1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        animator.add(1, (0.5,))

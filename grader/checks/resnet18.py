@@ -273,7 +273,7 @@ def takes_96x96_colour_images_and_any_class_count(seen, ctx):
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
-    if "Residual" in raised.message and "argument" in raised.message:
+    if raised.type == "TypeError" and "Residual" in raised.message:  # (in any language)
         return _(
             "d2l.Residual takes (input_channels, num_channels, use_1x1conv=False, strides=1) "
             "as in d2l 2.0, or (num_channels, use_1x1conv=False, strides=1) as in d2l 1.0."

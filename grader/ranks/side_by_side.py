@@ -19,7 +19,7 @@ class GroupStopped(LaunchError):
 
 def not_formed(outcome: "Launched | LaunchError") -> bool:
     """Return True for a run whose ranks failed to form their group (see GroupNotFormed)."""
-    return isinstance(outcome, RankFailed) and f"raised {GroupNotFormed.__name__}:" in str(outcome)
+    return isinstance(outcome, RankFailed) and outcome.raised == GroupNotFormed.__name__
 
 
 def launch_each(
