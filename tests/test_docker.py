@@ -343,6 +343,12 @@ def test_the_printed_address_names_the_hosts_port(tmp_path):
     assert lab["ports"] == ["127.0.0.1:${LAB_PORT:-8888}:8888"]
 
 
+def test_compose_passes_the_labs_language_to_the_container():
+    """`LAB_LANG=zh_CN docker compose up lab` reaches start-lab (and the kernels) inside."""
+    for name in ("lab", "lab-cpu"):
+        assert COMPOSE["services"][name]["environment"]["LAB_LANG"] == "${LAB_LANG:-}"
+
+
 def test_check_python_names_what_to_install(tmp_path):
     old = tmp_path / "python3"  # answers as a Python 3.10.13 would
     old.write_text(

@@ -6,6 +6,7 @@ lab over HTTP, the image's own file list, the grader on a read-only class with n
 and the compose file's CPU services. Skipped, with the reason, where no engine can run.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -138,22 +139,19 @@ def test_the_lab_image_draws_chinese_labels_with_a_font_that_has_their_glyphs(im
     assert proc.returncode == 0 and "wqy" in proc.stdout.lower(), proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def lab(images):
-    """The lab container, started as the compose file starts it, on a free port."""
+@contextlib.contextmanager
+def lab_container(images, *env: str):
+    """The lab container, started as the compose file starts it (with `env`, NAME=VALUE
+    settings), on a free port."""
     port, token = free_port(), "image-test-token"
-    name = f"lab-test-{os.getpid()}"
+    name = f"lab-test-{os.getpid()}-{port}"
+    settings = [f"JUPYTER_TOKEN={token}", "LAB_IP=127.0.0.1", f"LAB_PORT={port}", *env]
     proc = check(
         "run",
         "-d",
         "--name",
         name,
-        "-e",
-        f"JUPYTER_TOKEN={token}",
-        "-e",
-        "LAB_IP=127.0.0.1",
-        "-e",
-        f"LAB_PORT={port}",
+        *[arg for setting in settings for arg in ("-e", setting)],
         *(["-p", f"127.0.0.1:{port}:{port}"] if check("engine").stdout.strip() == "docker" else []),
         images["lab"],
     )
@@ -170,6 +168,27 @@ def lab(images):
         yield {"name": name, "base": base, "token": token, "port": port}
     finally:
         check("exec", "rm", "-f", name, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def lab(images):
+    with lab_container(images) as running:
+        yield running
+
+
+def test_the_chinese_lab_serves_the_chinese_notebooks_and_menus(images):
+    """`LAB_LANG=zh_CN docker compose up lab`: the Chinese notebooks, and JupyterLab's
+    language pack the default of its language setting."""
+    with lab_container(images, "LAB_LANG=zh_CN") as lab:
+        base, token = lab["base"], lab["token"]
+        assignment = load_manifest().assignment
+        status, body = get(f"{base}/api/contents/{assignment}/concise.ipynb?token={token}")
+        assert status == 200 and "写好这个函数" in body.decode(), body[:300]
+        plugin = "@jupyterlab/translation-extension:plugin"
+        status, body = get(f"{base}/lab/api/settings/{plugin}?token={token}")
+        assert json.loads(body)["schema"]["properties"]["locale"]["default"] == "zh_CN"
+        status, body = get(f"{base}/lab/api/translations/zh_CN?token={token}")
+        assert status == 200 and "文件" in json.dumps(json.loads(body)["data"], ensure_ascii=False)
 
 
 def test_the_lab_answers_200_with_the_token_and_403_without(lab):
