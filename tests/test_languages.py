@@ -161,3 +161,20 @@ def test_a_group_that_never_formed_is_known_in_either_language():
             failed = RankFailed(text, 0, ["", ""], raised=GroupNotFormed.__name__)
             assert not_formed(failed)
             assert not not_formed(RankFailed(text, 0, ["", ""], raised="ValueError"))
+
+
+def test_one_deadlock_is_shown_once_in_either_language():
+    """Two checks stopped by the same deadlock differ only in how long the ranks idled: the
+    report shows the block once and points to it, in Chinese as in English."""
+    from grader.judge.results import CheckResult, exercise_result
+    from grader.report.results import render_exercise
+
+    for language, seconds in (("en", ("0.8 s", "0.9 s")), ("zh_CN", ("0.8秒", "0.9秒"))):
+        with i18n.speaking(language):
+            checks = [
+                CheckResult(name, False, 0.0, 1.0, f"rank 0 idle {s}: waiting in send", "hint")
+                for name, s in zip(("first", "second"), seconds, strict=True)
+            ]
+            text = render_exercise(exercise_result("ring_allreduce", checks))
+            assert text.count("waiting in send") == 1, text
+            assert i18n._("the same as {check} above").format(check="`first`") in text

@@ -41,7 +41,7 @@ MAX_NOTES = 8
 # What grader.judge.verdicts makes of a failure's message when other checks failed of the same
 # error: the report shows that error once, and says for the others that it is the same.
 ALSO_FAILED = "{message} (the same error also failed: {checks})"
-SECONDS = re.compile(r"\b\d+(\.\d+)? s\b")
+SECONDS = re.compile(r"(?<![\d.])\d+(\.\d+)?(?: s\b| ?秒)")  # "0.8 s" or "0.8秒"
 
 
 @cache
@@ -120,7 +120,7 @@ def render_exercise(result: ExerciseResult, title: str = "", total: float | None
             points = _("{points} (hidden)").format(points=points)
         lines.append(f"  {mark} {c.name.ljust(width)}  {points}")
         core = error_alone(c.message)
-        key = SECONDS.sub("N s", core)  # (a deadlock's seconds differ from case to case)
+        key = SECONDS.sub("N", core)  # (a deadlock's seconds differ from case to case)
         if not c.passed and key in earlier:  # one error is shown once per exercise
             lines.append("      " + _("the same as {check} above").format(check=earlier[key]))
             continue
