@@ -25,7 +25,7 @@ def exercise_table() -> str:
     for ex in manifest.exercises:
         rows.append(
             f"| `{ex.id}` | `{ex.notebook}` | `{ex.function}` | "
-            f"{exercise_points(ex):g} | {ex.title} |"
+            f"{exercise_points(ex):g} | {_(ex.title)} |"
         )
     return "\n".join(rows)
 

@@ -157,11 +157,10 @@ class Progress:
             if done == self.total:
                 print(file=self.stream)
         elif last is not None:
-            print(
-                f"{last.id}: {last.score:g}/{last.max_score:g} ({counts})",
-                file=self.stream,
-                flush=True,
+            line = _("{id}: {score}/{total} ({counts})").format(
+                id=last.id, score=f"{last.score:g}", total=f"{last.max_score:g}", counts=counts
             )
+            print(line, file=self.stream, flush=True)
 
 
 def grade_class(
