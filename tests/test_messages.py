@@ -37,6 +37,20 @@ def test_the_hidden_checks_messages_stay_out_of_the_students_catalogues():
     assert messages.misplaced(LANGUAGE) == []
 
 
+def test_each_message_is_translated_in_one_place():
+    """Two catalogues translating the same message could say it two ways; which one is used
+    would depend on the order the files are read in."""
+    from babel.messages.pofile import read_po
+
+    where: dict[str, list[str]] = {}
+    for path in i18n.sources(LANGUAGE):
+        with path.open("rb") as f:
+            for entry in read_po(f):
+                if entry.id:
+                    where.setdefault(entry.id, []).append(path.name)
+    assert {text: files for text, files in where.items() if len(files) > 1} == {}
+
+
 def test_the_translations_are_chinese(catalogue, wanted):
     """A translation that is the English copied over is no translation (messages that are
     all code, such as a bare `{name}`, excepted)."""
