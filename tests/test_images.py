@@ -183,7 +183,9 @@ def test_the_chinese_lab_serves_the_chinese_notebooks_and_menus(images):
         base, token = lab["base"], lab["token"]
         assignment = load_manifest().assignment
         status, body = get(f"{base}/api/contents/{assignment}/concise.ipynb?token={token}")
-        assert status == 200 and "写好这个函数" in body.decode(), body[:300]
+        notebook = json.loads(body)["content"]
+        assert status == 200 and notebook["metadata"]["lab"]["language"] == "zh_CN"
+        assert any("写好这个函数" in cell["source"] for cell in notebook["cells"])
         plugin = "@jupyterlab/translation-extension:plugin"
         status, body = get(f"{base}/lab/api/settings/{plugin}?token={token}")
         assert json.loads(body)["schema"]["properties"]["locale"]["default"] == "zh_CN"
