@@ -40,6 +40,16 @@ CHINESE_FONTS = (
     "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
     "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
 )
+# Fonts with Chinese glyphs that macOS and Windows have, and others matplotlib may have found
+CHINESE_FAMILIES = (
+    "Noto Sans CJK SC",
+    "Source Han Sans SC",
+    "PingFang SC",
+    "Heiti SC",
+    "STHeiti",
+    "Microsoft YaHei",
+    "SimHei",
+)
 
 
 def chinese_fonts() -> list[str]:
@@ -55,6 +65,8 @@ def chinese_fonts() -> list[str]:
         if Path(path).is_file():
             font_manager.fontManager.addfont(path)
             names.append(font_manager.FontProperties(fname=path).get_name())
+    known = {font.name for font in font_manager.fontManager.ttflist}
+    names += [name for name in CHINESE_FAMILIES if name in known and name not in names]
     family = list(matplotlib.rcParams["font.family"])
     matplotlib.rcParams["font.family"] = family + [n for n in names if n not in family]
     return names

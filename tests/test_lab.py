@@ -262,3 +262,26 @@ def test_the_chinese_lab_copies_the_chinese_notebooks_alone(tmp_path):
         env=dict(os.environ, LAB_LANG="fr_FR", LAB_WORK=str(tmp_path / "fr"), LAB_PYTHON="true"),
     )  # fmt: skip
     assert proc.returncode == 2 and "the languages are: zh_CN" in proc.stderr
+
+
+def test_the_chinese_lab_says_when_no_font_can_draw_chinese(tmp_path):
+    """Without a font that has Chinese glyphs, the plots' Chinese labels would be boxes: the
+    Chinese lab says so at start, and what to install. (The Python here stands in for one
+    whose dplab finds no such font.)"""
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\ncase "$*" in *chinese_fonts*) exit 1;; esac\nexit 0\n')
+    python.chmod(0o755)
+    for lang, warned in (("zh_CN", True), ("", False)):
+        proc = subprocess.run(
+            [str(REPO / "docker" / "start-lab")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=dict(
+                os.environ,
+                LAB_LANG=lang,
+                LAB_WORK=str(tmp_path / f"w{lang}"),
+                LAB_PYTHON=str(python),
+            ),
+        )
+        assert ("fonts-wqy-microhei" in proc.stderr) == warned, proc.stderr
