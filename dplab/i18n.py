@@ -79,7 +79,8 @@ def kernel_notebook() -> Path | None:
 
 
 @functools.cache
-def _language_of(path: Path) -> str | None:
+def file_language(path: Path) -> str | None:
+    """Return the language the notebook at `path` was released in, if any (read once)."""
     try:
         return notebook_language(json.loads(path.read_bytes()))
     except (OSError, ValueError, AttributeError):
@@ -89,7 +90,7 @@ def _language_of(path: Path) -> str | None:
 def kernel_language() -> str | None:
     """Return the language of the notebook this kernel runs, if it was released in one."""
     path = kernel_notebook()
-    return _language_of(path) if path is not None else None
+    return file_language(path) if path is not None else None
 
 
 def default_language() -> str:

@@ -9,6 +9,7 @@ import contextlib
 import io
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 from dplab import i18n
 from dplab.i18n import _
@@ -107,9 +108,23 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     exercise's function is taken from the notebook. With hidden=True (the instructor's copy)
     the hidden checks are added to the public ones just run on the same function.
     """
-    language = i18n.default_language()  # the kernel's notebook's, else LAB_LANG's...
-    with i18n.speaking(language):
+    with i18n.speaking(kernel_language(exercise_id)):
+        language = i18n.current()
         return _check(exercise_id, function, hidden, language)
+
+
+def kernel_language(exercise_id: str) -> str:
+    """Return the language of this kernel's notebook: the one Jupyter names; else, where
+    nothing names it (nbgrader's autograding runs the notebook in its own folder), the
+    exercise's notebook in the working folder; else LAB_LANG's or the locale's."""
+    if i18n.kernel_language() is None:
+        try:
+            here = Path.cwd() / load_manifest().exercise(exercise_id).notebook
+        except (KeyError, OSError):
+            here = None
+        if here is not None and here.is_file() and i18n.file_language(here):
+            return i18n.file_language(here)
+    return i18n.default_language()
 
 
 def _check(exercise_id: str, function: Callable | None, hidden: bool, language: str) -> float:

@@ -178,3 +178,21 @@ def test_one_deadlock_is_shown_once_in_either_language():
             text = render_exercise(exercise_result("ring_allreduce", checks))
             assert text.count("waiting in send") == 1, text
             assert i18n._("the same as {check} above").format(check="`first`") in text
+
+
+def test_a_check_cell_run_by_nbgrader_speaks_its_notebooks_language(tmp_path, monkeypatch, capsys):
+    """nbgrader's autograding runs a notebook in its own folder and names it nowhere: the
+    check cell finds the exercise's notebook there, and speaks its language."""
+    from grader.in_kernel import check as check_cell
+    from tests.conftest import fresh_solution
+
+    for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG", "JPY_SESSION_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    split_batch = fresh_solution(NOTEBOOK)["split_batch"]
+    for notebook, said in ((CHINESE, "项公开检查通过了"), (ENGLISH, "public checks passed")):
+        folder = tmp_path / notebook.parent.parent.name
+        folder.mkdir()
+        shutil.copy(notebook, folder / NOTEBOOK)
+        monkeypatch.chdir(folder)
+        check_cell("split_batch", split_batch)
+        assert said in capsys.readouterr().out
