@@ -57,7 +57,11 @@ def choose(language: str | None) -> None:
     Raise ValueError for a language the lab does not have, naming those it has."""
     global _chosen
     if language is not None and known(language) is None:
-        raise ValueError(f"no language called {language!r}: the lab speaks {', '.join(LANGUAGES)}")
+        raise ValueError(
+            _("no language called {name}: the lab speaks {languages}").format(
+                name=repr(language), languages=", ".join(LANGUAGES)
+            )
+        )
     _chosen = known(language)
 
 

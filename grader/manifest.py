@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from dplab.i18n import _
 from grader import settings
 
 MANIFEST = Path(__file__).with_name("manifest.toml")
@@ -55,8 +56,16 @@ class Manifest:
         ids = [ex.id for ex in self.exercises]
         close = difflib.get_close_matches(str(exercise_id), ids, n=1, cutoff=0.75)
         if close:
-            raise KeyError(f"no exercise called {exercise_id!r}: did you mean {close[0]!r}?")
-        raise KeyError(f"no exercise called {exercise_id!r}; the exercises are: {', '.join(ids)}")
+            raise KeyError(
+                _("no exercise called {id}: did you mean {close}?").format(
+                    id=repr(exercise_id), close=repr(close[0])
+                )
+            )
+        raise KeyError(
+            _("no exercise called {id}; the exercises are: {ids}").format(
+                id=repr(exercise_id), ids=", ".join(ids)
+            )
+        )
 
     @property
     def notebooks(self) -> list[str]:
@@ -92,7 +101,9 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
     exercises = tuple(Exercise(**entry) for entry in raw["exercise"])
     ids = [ex.id for ex in exercises]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: exercise ids must be unique, got {ids}")
+        raise ValueError(
+            _("{path}: exercise ids must be unique, got {ids}").format(path=path, ids=ids)
+        )
     return Manifest(raw["assignment"]["id"], raw["assignment"]["title"], exercises)
 
 
