@@ -35,8 +35,8 @@ grader.devices.)
 import torch
 from torch import Tensor
 
-from dplab import settings, sim
-from dplab.i18n import _
+from dplab import i18n, settings, sim
+from dplab.i18n import N_, _
 
 MODES = ("auto", "real", "stand-in", "cpu")
 _told: set[str] = set()
@@ -84,10 +84,13 @@ def using_stand_ins(mode: str | None = None) -> bool:
     return mode == "stand-in" or (mode == "auto" and num_gpus() < 2)
 
 
-def _tell(message: str) -> None:
-    if message not in _told:
-        _told.add(message)
-        print(message)
+def _tell(what: str, message: str, **fields: object) -> None:
+    """Print `message` (marked with N_) once per process for each `what`, in the language of
+    whoever runs it (i18n.default_language: the notebook's in a kernel, the command line's in
+    the grader), not in that of the submission being graded at the moment."""
+    if what not in _told:
+        _told.add(what)
+        print(i18n.translate(i18n.default_language(), message).format(**fields))
 
 
 def use_stand_ins(count: int = 2) -> None:
@@ -99,24 +102,24 @@ def use_stand_ins(count: int = 2) -> None:
     backing = sim.backing_device()
     gpus = num_gpus()
     if gpus == 0:
-        said = _(
+        said = N_(
             "dplab: this machine has no GPU, so the lab gives you stand-in devices sim:0, "
             "sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
             "real GPUs, and the numbers come out the same; only the speed differs."
         )
     elif gpus == 1:
-        said = _(
+        said = N_(
             "dplab: this machine has 1 GPU, so the lab gives you stand-in devices sim:0, "
             "sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
             "real GPUs, and the numbers come out the same; only the speed differs."
         )
     else:
-        said = _(
+        said = N_(
             "dplab: this machine has {count} GPUs, so the lab gives you stand-in devices sim:0, "
             "sim:1, ... that compute on {backing}. Code that mixes them fails as it would on "
             "real GPUs, and the numbers come out the same; only the speed differs."
         )
-    _tell(said.format(count=gpus, backing=backing))
+    _tell(f"stand-ins on {backing}", said, count=gpus, backing=backing)
 
 
 def device_count() -> int:
@@ -133,7 +136,7 @@ def lab_device(i: int = 0, mode: str | None = None) -> torch.device:
         raise ValueError(_("device numbers start at 0, got {i}").format(i=i))
     mode = mode or device_mode()
     if mode == "cpu":
-        _tell(_("dplab: DPLAB_DEVICES=cpu, so every device is the CPU."))
+        _tell("cpu", N_("dplab: DPLAB_DEVICES=cpu, so every device is the CPU."))
         install_cuda_shims()
         return torch.device("cpu")
     if not using_stand_ins(mode):

@@ -224,7 +224,8 @@ def about(note: str, exercises: list[Exercise]) -> bool:
 def run_check(args: argparse.Namespace) -> int:
     manifest = load_manifest()
     sub = select_exercises(find_submission(args.path, manifest), args.exercise)
-    with i18n.speaking(sub.language):  # all the student reads, in the notebook's language
+    i18n.choose(sub.language)  # the student at the terminal reads the notebook's language
+    with i18n.speaking(sub.language):
         unfit = unfit_notebooks(sub, manifest)
         if unfit:  # one clear error, and no report of checks that could judge nothing
             for problem in unfit:

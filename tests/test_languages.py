@@ -196,3 +196,27 @@ def test_a_check_cell_run_by_nbgrader_speaks_its_notebooks_language(tmp_path, mo
         monkeypatch.chdir(folder)
         check_cell("split_batch", split_batch)
         assert said in capsys.readouterr().out
+
+
+def test_the_stand_in_note_is_said_once_in_the_language_of_whoever_runs_it(capsys, monkeypatch):
+    """The note is for the person at the terminal: an instructor grading in English hears it
+    in English while a Chinese submission is judged, and once however many languages the
+    class speaks."""
+    import dplab.devices
+    from dplab.devices import try_gpu
+
+    for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG", "JPY_SESSION_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(dplab.devices, "_told", set())
+    monkeypatch.setattr(dplab.devices, "num_gpus", lambda: 0)
+    with i18n.speaking("zh_CN"):
+        try_gpu(1)
+    with i18n.speaking("en"):
+        try_gpu(1)
+    printed = capsys.readouterr().out
+    assert printed.count("dplab") == 1 and "this machine has no GPU" in printed
+    monkeypatch.setattr(dplab.devices, "_told", set())
+    monkeypatch.setenv("LAB_LANG", "zh_CN")  # a Chinese lab's kernel
+    try_gpu(1)
+    printed = capsys.readouterr().out
+    assert printed.startswith("dplab") and CJK.search(printed), printed

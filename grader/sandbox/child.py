@@ -129,6 +129,8 @@ def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
     manifest = load_manifest()
     from grader.devices import grading_devices
 
+    # Notes for whoever runs the command (the stand-in devices') are in the command's language.
+    i18n.choose(i18n.known(str(request.get("terminal") or "")))
     ctx = Context(seed=int(request["seed"]), devices=grading_devices(int(request["devices"])))
     plans = {
         ex: [(name, resolve_case(origin), args) for name, origin, args in cases]

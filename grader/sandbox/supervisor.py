@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from dplab.i18n import _, current
+from dplab.i18n import _, current, default_language
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
 from grader.load.notebook import said_cell
@@ -99,6 +99,7 @@ def run_child(
             "nonce": nonce,
             "seed": seed,
             "language": current(),  # of what the child says (grader.sandbox.child)
+            "terminal": default_language(),  # of its notes to whoever runs the command
             "devices": DEVICES,
             "threads": threads,
             "scratch": str(scratch),
