@@ -35,8 +35,8 @@ $(LAB_READY): requirements/lab.txt pyproject.toml | $(BIN)/python
 	$(PIP) --no-deps -e .
 	touch $@
 
-# The lab's messages in each language: i18n/<language>/messages/*.po compiled (dplab/i18n.py).
-CATALOGUES := $(patsubst i18n/%/messages,dplab/locale/%/LC_MESSAGES/lab.mo,$(wildcard i18n/*/messages))
+# The lab's messages in each language: i18n/<language>/messages/*.po compiled (grader/i18n.py).
+CATALOGUES := $(patsubst i18n/%/messages,grader/locale/%/LC_MESSAGES/lab.mo,$(wildcard i18n/*/messages))
 $(CATALOGUES): $(wildcard i18n/*/messages/*.po) | $(LAB_READY)
 	$(BIN)/python -m grader messages compile
 

@@ -35,8 +35,9 @@ grader.devices.)
 import torch
 from torch import Tensor
 
-from dplab import i18n, settings, sim
-from dplab.i18n import N_, _
+from dplab import settings, sim
+from grader import i18n
+from grader.i18n import N_, _
 
 MODES = ("auto", "real", "stand-in", "cpu")
 _told: set[str] = set()

@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 
-from dplab.i18n import _
 from dplab.launched import (  # noqa: F401  (what a launch gives back, and how it fails)
     AUTOGRAD_FORK_HINT,
     GroupNotFormed,
@@ -53,6 +52,7 @@ from dplab.launched import (  # noqa: F401  (what a launch gives back, and how i
 )
 from dplab.rank import fork_rank, run_rank
 from dplab.watch import Group, watch_group
+from grader.i18n import _
 
 MAX_PROCESSES = 16
 

@@ -11,8 +11,8 @@ import types
 from pathlib import Path
 
 import dplab
-from dplab.i18n import _
 from dplab.launched import LaunchSkipped, launches_skipped
+from grader.i18n import _
 
 # Never run while loading: the notebook's own check cells (grading runs the checks) and its
 # launches of process groups (`d2l.launch(...)`: demos and training runs, for people).

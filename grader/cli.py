@@ -4,10 +4,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from dplab import i18n
-from dplab.i18n import _
+from grader import i18n
 from grader.grade_class import Outputs, expand, grade_class
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
+from grader.i18n import _
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.notebook import CELL, CELL_DEFINING
 from grader.load.submission import find_submission, unfit_notebooks

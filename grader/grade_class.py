@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dplab.i18n import _
 from grader.grading import (
     Limits,
     default_threads,
@@ -32,6 +31,7 @@ from grader.grading import (
     select_exercises,
     stop_all_children,
 )
+from grader.i18n import _
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dplab import i18n
+from grader import i18n
 from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.results import SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference

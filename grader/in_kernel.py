@@ -11,12 +11,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from dplab import i18n
-from dplab.i18n import _
-from grader import settings
+from grader import i18n, settings
 from grader.api import Context, Student
 from grader.devices import grading_devices
 from grader.grading import DEVICES
+from grader.i18n import _
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise

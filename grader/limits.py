@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from dplab.i18n import _
+from grader.i18n import _
 
 
 class TimeLimit(BaseException):

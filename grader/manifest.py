@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dplab.i18n import _
 from grader import settings
+from grader.i18n import _
 
 MANIFEST = Path(__file__).with_name("manifest.toml")
 REPO = Path(__file__).resolve().parent.parent

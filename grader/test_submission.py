@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dplab.i18n import _
 from grader.grading import grade_path
+from grader.i18n import _
 from grader.judge.registry import hidden_available, hidden_checks, public_checks
 from grader.manifest import REPO, load_manifest
 

@@ -16,7 +16,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from dplab.i18n import _
+from grader.i18n import _
 from grader.manifest import REPO, load_manifest, solutions_dir
 
 LANGUAGES = ("zh_CN",)

@@ -30,9 +30,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from dplab.i18n import _
 from grader import settings
 from grader.base.printed import ReaderGone
+from grader.i18n import _
 from grader.sandbox.fence import (
     Fence,
 )

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dplab import i18n
+from grader import i18n
 from grader.cli import about
 from grader.manifest import REPO, load_manifest
 from grader.report.feedback import check_docs, item

@@ -7,8 +7,7 @@ import tomllib
 
 import pytest
 
-from dplab import i18n
-from grader import messages
+from grader import i18n, messages
 from grader.manifest import REPO
 
 LANGUAGE = "zh_CN"

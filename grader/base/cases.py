@@ -9,8 +9,8 @@ from unittest import mock
 
 import torch
 
-from dplab.i18n import N_, _
 from grader.base.outcomes import MissingFunction, Raised
+from grader.i18n import N_, _
 
 
 @dataclass

@@ -5,9 +5,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dplab.i18n import _
 from grader.base.outcomes import Fail
 from grader.base.values import SeenTensor
+from grader.i18n import _
 
 
 def _brief(values: Any) -> str:

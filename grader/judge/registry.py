@@ -4,8 +4,8 @@ import dataclasses
 import importlib
 from types import ModuleType
 
-from dplab.i18n import _
 from grader.api import Check, ErrorHints, Raised
+from grader.i18n import _
 from grader.load.notebook import cells_by_grade_id
 from grader.manifest import Exercise, exercises_dir
 

@@ -4,10 +4,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dplab.i18n import N_, _
 from grader.api import Check, Context, Crash, Fail, Raised, raised_in
 from grader.base.values import unpack
 from grader.devices import grading_devices
+from grader.i18n import N_, _
 from grader.judge.registry import diagnoser
 from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference

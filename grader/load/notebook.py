@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-from dplab.i18n import N_, _
 from dplab.launched import LaunchSkipped, launches_skipped
 from dplab.notebook import (  # (a loader's reading rules are the runtime's)
     NEVER_CALLED,
@@ -47,6 +46,7 @@ from dplab.notebook import (
     strip_magics as strip_magics,
 )
 from grader.base.printed import captured
+from grader.i18n import N_, _
 from grader.limits import TimeLimit, time_limit
 
 # What a notebook imports only to draw: where not yet imported, it loads when first used

@@ -16,7 +16,7 @@ import threading
 from functools import cache
 from pathlib import Path
 
-from dplab.i18n import _
+from grader.i18n import _
 from grader.load.notebook import cells_by_grade_id, load_cells, read_cells
 from grader.manifest import load_manifest, solutions_dir
 

@@ -4,9 +4,9 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dplab import i18n
-from dplab.i18n import _
 from dplab.notebook import read_code_cells
+from grader import i18n
+from grader.i18n import _
 from grader.load.notebook import NotebookError, read_cells, strip_magics
 from grader.manifest import Exercise, Manifest
 
@@ -20,7 +20,7 @@ class Submission:
     notebooks: dict[str, Path]
     exercises: list[Exercise]
     notes: list[str] = field(default_factory=list)
-    language: str = "en"  # what is said about it is said in this language (see dplab.i18n)
+    language: str = "en"  # what is said about it is said in this language (see grader.i18n)
 
 
 def submission_language(path: Path, assignment: str) -> str:

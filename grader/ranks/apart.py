@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dplab.i18n import _
+from grader.i18n import _
 
 
 def autograd_threads_started() -> bool:

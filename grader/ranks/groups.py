@@ -5,10 +5,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dplab.i18n import _
 from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
 from dplab.watch import LIBRARY_PARTS
 from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
+from grader.i18n import _
 from grader.limits import case_seconds
 from grader.ranks.judging import MISMATCH
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up

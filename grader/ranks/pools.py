@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dplab.i18n import _
 from dplab.launched import Launched, LaunchError
 from grader.base.cases import Student
+from grader.i18n import _
 from grader.ranks.rankpool import RankPool
 from grader.watch import Snapshot, watched_objects
 

@@ -7,7 +7,7 @@ import json
 import unicodedata
 from pathlib import Path
 
-from dplab.i18n import _, speaking
+from grader.i18n import _, speaking
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest

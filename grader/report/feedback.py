@@ -10,7 +10,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from dplab.i18n import _, speaking
+from grader.i18n import _, speaking
 from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
 from grader.report.results import SECONDS, error_alone, not_run, write_atomically
 

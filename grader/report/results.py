@@ -8,7 +8,7 @@ from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
-from dplab.i18n import LANGUAGES, _, translate
+from grader.i18n import LANGUAGES, _, translate
 from grader.judge.results import NOT_RUN, ExerciseResult, SubmissionResult
 
 

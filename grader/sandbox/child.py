@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from dplab import i18n
-from dplab.i18n import _
+from grader import i18n
 from grader.api import Case, Context, Student
+from grader.i18n import _
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks

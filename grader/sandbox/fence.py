@@ -52,8 +52,8 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from dplab.i18n import N_, _
 from grader import settings
+from grader.i18n import N_, _
 from grader.manifest import REPO, load_manifest, solutions_dir
 from grader.ranks.loopback import NO_LOOPBACK
 

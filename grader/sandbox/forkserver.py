@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from dplab.i18n import _
+from grader.i18n import _
 from grader.sandbox.fence import (
     CHILD_UIDS,
     Fence,

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from dplab.i18n import _, current, default_language
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
+from grader.i18n import _, current, default_language
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest

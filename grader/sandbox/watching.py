@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dplab.i18n import _
+from grader.i18n import _
 from grader.load.reference import available, held_sources
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (

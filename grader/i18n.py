@@ -8,7 +8,7 @@ Messages with values use named fields, filled after the lookup: `_("got {got}").
 never an f-string, so that the text looked up is the same whatever the values.
 
 The translations are `i18n/<language>/messages/*.po` (one file per part of the lab); `make`
-compiles them into `dplab/locale/<language>/LC_MESSAGES/lab.mo`. The language:
+compiles them into `grader/locale/<language>/LC_MESSAGES/lab.mo`. The language:
 
 - a notebook's own (`metadata.lab.language`, which the translated notebooks carry) for what is
   said about that notebook, and in the kernel that runs it;
