@@ -1,0 +1,80 @@
+"""The class's hub configurations are valid for the tools that read them.
+
+docs/hub/kubernetes-values.yaml is validated against the values schema of Zero to JupyterHub's
+Helm chart: tests/schemas/z2jh-values.schema.json is jupyterhub/values.schema.yaml of
+jupyterhub/zero-to-jupyterhub-k8s (commit 48ea50e3, chart app version 5.5.0) as JSON, with its
+prose descriptions and its lists of required keys left out (Helm validates the chart's own
+defaults merged with these values, and the defaults hold those keys). BSD-3-Clause:
+tests/schemas/z2jh-LICENSE. The schema forbids unknown keys at every level, so a misspelt
+setting fails here rather than in a class.
+"""
+
+import copy
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from grader.manifest import REPO
+
+VALUES = REPO / "docs" / "hub" / "kubernetes-values.yaml"
+SCHEMA = REPO / "tests" / "schemas" / "z2jh-values.schema.json"
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def values() -> dict:
+    return yaml.safe_load(VALUES.read_text())
+
+
+@pytest.fixture(scope="module")
+def validator():
+    schema = json.loads(SCHEMA.read_text())
+    return jsonschema.Draft7Validator(schema)
+
+
+def problems(validator, values) -> list[str]:
+    return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(values)]
+
+
+def test_the_kubernetes_values_are_valid_for_the_chart(validator, values):
+    assert problems(validator, values) == []
+
+
+def test_a_misspelt_setting_is_refused(validator, values):
+    """The validation can fail: the schema knows every key of the chart."""
+    wrong = copy.deepcopy(values)
+    wrong["singleuser"]["memory"]["limt"] = wrong["singleuser"]["memory"].pop("limit")
+    assert any("limt" in p for p in problems(validator, wrong))
+
+
+def test_each_student_gets_the_lab_image_and_their_own_work_folder(values):
+    user = values["singleuser"]
+    image = COMPOSE["x-lab-image"]["image"]
+    assert f"{user['image']['name']}:{user['image']['tag']}" == image
+    assert user["storage"]["type"] == "dynamic"
+    assert user["storage"]["homeMountPath"] == "/home/student/work"
+    assert user["uid"] == 1000  # the image's student (docker/Dockerfile)
+    assert "cp -rn" in " ".join(user["lifecycleHooks"]["postStart"]["exec"]["command"])
+
+
+def test_gpu_profiles_ask_for_whole_gpus_and_dataloaders_get_shared_memory(values):
+    user = values["singleuser"]
+    gpus = [
+        p["kubespawner_override"]["extra_resource_limits"]["nvidia.com/gpu"]
+        for p in user["profileList"]
+        if "kubespawner_override" in p
+    ]
+    assert gpus == ["1", "2"]
+    assert [p for p in user["profileList"] if p.get("default")], "no default profile"
+    shm = next(v for v in user["storage"]["extraVolumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "shm", "mountPath": "/dev/shm"} in user["storage"]["extraVolumeMounts"]
+
+
+def test_idle_labs_are_culled_and_students_are_authorized(values):
+    assert values["cull"]["enabled"] is True and values["cull"]["timeout"] > 0
+    hub = values["hub"]["config"]
+    assert hub["JupyterHub"]["authenticator_class"].startswith("nativeauthenticator.")
+    assert hub["NativeAuthenticator"]["open_signup"] is False
