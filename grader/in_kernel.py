@@ -121,8 +121,8 @@ def kernel_language(exercise_id: str) -> str:
             here = Path.cwd() / load_manifest().exercise(exercise_id).notebook
         except (KeyError, OSError):
             here = None
-        if here is not None and here.is_file() and i18n.file_language(here):
-            return i18n.file_language(here)
+        if here is not None and here.is_file() and (language := i18n.file_language(here)):
+            return language
     return i18n.default_language()
 
 

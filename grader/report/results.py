@@ -65,9 +65,14 @@ def error_alone(message: str) -> str:
     return message
 
 
+@cache
+def _not_run_said() -> frozenset[str]:
+    return frozenset(translate(lang, NOT_RUN) for lang in LANGUAGES)
+
+
 def not_run(message: str) -> bool:
     """Return True for the message of a check that did not run (`NOT_RUN`, in any language)."""
-    return message == NOT_RUN or message in {translate(lang, NOT_RUN) for lang in LANGUAGES}
+    return message in _not_run_said()
 
 
 def _points(x: float) -> str:
