@@ -1,6 +1,7 @@
 # The lab's two front doors:
 #   make lab    set up what students use, then serve JupyterLab on 127.0.0.1:8888
 #   make test   set up everything, then run every test (and print the slowest)
+#   make hub    JupyterHub for a class on this machine (docs/hub.md)
 # and, for people who write exercises or maintain the lab:
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
 #   make bench-grade, bench-notebooks, bench-distributed   timings, printed (never tested)
@@ -20,7 +21,7 @@ ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed \
-	lock images clean picture render
+	lock images clean picture render hub
 
 setup: $(DEV_READY)
 
@@ -49,9 +50,24 @@ LAB_LANG ?= $(if $(filter zh_CN%,$(LANG)),zh_CN,)
 lab: $(LAB_READY) $(CATALOGUES)
 	LAB_PYTHON=$(BIN)/python LAB_PORT=$(PORT) LAB_LANG=$(LAB_LANG) docker/start-lab
 
+# A class's JupyterHub: the hub's packages beside the lab's, and its proxy (Node.js) from the lock.
+HUB_READY := $(VENV)/.hub
+PROXY := hub/node_modules/.bin/configurable-http-proxy
+$(HUB_READY): requirements/hub.txt $(LAB_READY)
+	$(PIP) -r requirements/hub.txt
+	touch $@
+
+$(PROXY): hub/package.json hub/package-lock.json
+	@command -v npm >/dev/null || { echo "make: the hub's proxy needs Node.js 18 or newer and npm (Debian, Ubuntu: apt install nodejs npm)" >&2; exit 2; }
+	cd hub && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+hub: $(HUB_READY) $(PROXY) $(CATALOGUES)
+	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
+
 lint: $(DEV_READY)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check grader dplab tests conftest.py
+	$(BIN)/ruff format --check grader dplab hub tests conftest.py
 
 # One PyTorch thread per process in the tests (the grading children use one anyway): with two,
 # another program keeping one core busy made the notebook kernels crawl while the threads
@@ -63,10 +79,12 @@ PYTEST := MPLBACKEND=Agg DPLAB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pyte
 WORKERS ?= 2
 PARALLEL := $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
-test: $(DEV_READY) $(CATALOGUES) lint
+# The hub's tests need its proxy; without npm they say so and skip.
+HUB_PROXY := $(if $(shell command -v npm),$(PROXY))
+test: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
 	$(PYTEST) $(PARALLEL) --durations=15
 
-test-fast: $(DEV_READY) $(CATALOGUES) lint
+test-fast: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
 	$(PYTEST) $(PARALLEL) -m "not slow and not container" --durations=5
 
 # Both releases: exercises/ from solutions/, and each language's from solutions/ translated by
@@ -105,13 +123,16 @@ bench-distributed: $(DEV_READY)
 	$(BIN)/python -m grader.bench_distributed
 
 # One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
-# students run (the lab image, `make lab`); dev.txt adds nbgrader and the project's own tools.
-# lab.txt is resolved within dev.txt, so the versions they share agree.
+# students run (the lab image, `make lab`); hub.txt is a class's JupyterHub (`make hub`, the hub
+# image); dev.txt adds both, nbgrader and the project's own tools. lab.txt and hub.txt are
+# resolved within dev.txt, so the versions they share agree.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml
 lock: $(DEV_READY)
 	$(UV_COMPILE) --extra grade --group dev -o requirements/dev.txt
 	$(UV_COMPILE) -c requirements/dev.txt -o requirements/lab.txt
+	$(subst pyproject.toml,--group pyproject.toml:hub,$(UV_COMPILE)) -c requirements/dev.txt \
+		-o requirements/hub.txt
 
 # Build the lab and grader images and probe them (root with buildah and podman, or Docker).
 images: $(DEV_READY)

@@ -1,0 +1,126 @@
+# A class's JupyterHub on one machine: `make hub`, or the compose file's `hub` service.
+# Every setting is an environment variable, so the same file serves both (docs/hub.md):
+#
+#   HUB_IP, HUB_PORT   where the hub listens                      (127.0.0.1, 8000)
+#   HUB_API_PORT, HUB_PROXY_API_PORT   the hub's and its proxy's own APIs (8081, 8001)
+#   HUB_STATE          the hub's database, secrets and passwords  (hub/state)
+#   HUB_ADMIN          the instructor's login                     (instructor)
+#   HUB_CLASS_LIST     a file of student names, one per line: each gets an account and a first
+#                      password, written with the instructor's to $HUB_STATE/passwords.csv
+#   HUB_SPAWNER        docker (a container of the lab image per student; Docker, or podman's
+#                      Docker-compatible socket) or process (the lab's virtual environment)
+#                                                                 (docker where an engine answers)
+#   HUB_IMAGE          the lab image                              (multigpu-lab/lab:0.1.0)
+#   HUB_GPUS           all (every lab sees every GPU), each (one GPU per student, in turn,
+#                      from HUB_GPU_IDS such as 0,1,2,3) or none  (none)
+#   HUB_MEM_LIMIT, HUB_CPU_LIMIT   per lab                        (8G, 4)
+#   HUB_IDLE_TIMEOUT   seconds before an idle lab is stopped      (3600)
+#   HUB_HOMES, HUB_USER_PREFIX     process spawner run by root: the students' accounts'
+#                      homes and the start of their names         (/home, lab-)
+#   HUB_PYTHON         process spawner: the Python of the lab, which the students' accounts
+#                      must be able to run                        (the hub's own)
+#   LAB_LANG           zh_CN gives every student the Chinese notebooks
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_hub import (  # noqa: E402
+    REPO,
+    ClassAuthenticator,
+    LabProcessSpawner,
+    container_engine_answers,
+    lab_host_config,
+    read_class_list,
+)
+
+c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
+env = os.environ.get
+
+state = Path(env("HUB_STATE") or REPO / "hub" / "state").resolve()
+state.mkdir(parents=True, exist_ok=True)
+os.chmod(state, 0o700)
+c.JupyterHub.ip = env("HUB_IP", "127.0.0.1")
+c.JupyterHub.port = int(env("HUB_PORT", "8000"))
+c.JupyterHub.hub_port = int(env("HUB_API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env('HUB_PROXY_API_PORT', '8001')}"
+c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
+proxy = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
+if proxy.exists():
+    c.ConfigurableHTTPProxy.command = [str(proxy)]
+
+# Logins: NativeAuthenticator, sign-up closed to strangers. The instructor and the class list
+# get accounts with first passwords; anyone else who signs up waits for the instructor.
+admin = env("HUB_ADMIN", "instructor")
+c.JupyterHub.authenticator_class = ClassAuthenticator
+c.Authenticator.admin_users = {admin}
+c.Authenticator.allow_all = True  # NativeAuthenticator's own authorization decides who enters
+if env("HUB_CLASS_LIST"):
+    c.Authenticator.allowed_users = set(read_class_list(env("HUB_CLASS_LIST")))
+c.ClassAuthenticator.passwords_file = str(state / "passwords.csv")
+c.NativeAuthenticator.open_signup = False
+c.NativeAuthenticator.minimum_password_length = 8
+c.NativeAuthenticator.check_common_password = True
+
+# Each lab: JupyterLab on the student's work folder, its notebooks copied in on first start.
+c.Spawner.default_url = "/lab"
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 90
+c.Spawner.mem_limit = env("HUB_MEM_LIMIT", "8G")
+c.Spawner.cpu_limit = float(env("HUB_CPU_LIMIT", "4"))
+c.Spawner.environment = {"LAB_LANG": env("LAB_LANG", "")}
+
+spawner = env("HUB_SPAWNER") or ("docker" if container_engine_answers() else "process")
+if spawner == "docker":
+    c.JupyterHub.spawner_class = "docker"
+    c.DockerSpawner.image = env("HUB_IMAGE", "multigpu-lab/lab:0.1.0")
+    c.DockerSpawner.pull_policy = "never"  # the image is built here (docker compose build)
+    c.DockerSpawner.remove = True  # the container goes, the student's volume stays
+    c.DockerSpawner.volumes = {"lab-work-{username}": "/home/student/work"}
+    # The GPUs, and a /dev/shm with room for DataLoader workers (64 MB by default).
+    c.DockerSpawner.extra_host_config = lab_host_config(
+        env("HUB_GPUS", "none"), [g for g in env("HUB_GPU_IDS", "").split(",") if g], state
+    )
+    c.DockerSpawner.extra_create_kwargs = {"user": "1000"}
+    if env("HUB_NETWORK"):  # the hub in a container: labs join its network
+        c.DockerSpawner.network_name = env("HUB_NETWORK")
+        c.DockerSpawner.use_internal_ip = True
+        c.JupyterHub.hub_ip = "0.0.0.0"
+        c.JupyterHub.hub_connect_ip = env("HUB_CONNECT_IP", "hub")
+    else:  # labs publish a port on the loopback, where the hub reaches them
+        c.DockerSpawner.host_ip = "127.0.0.1"
+        c.JupyterHub.hub_connect_ip = env("HUB_CONNECT_IP", "host.containers.internal")
+        c.JupyterHub.hub_ip = "0.0.0.0"
+elif spawner == "process":
+    c.JupyterHub.spawner_class = LabProcessSpawner
+    c.LabProcessSpawner.cmd = [str(REPO / "docker" / "start-lab")]
+    c.LabProcessSpawner.homes = env("HUB_HOMES") or (
+        "/home" if os.geteuid() == 0 else str(state / "homes")
+    )
+    c.LabProcessSpawner.prefix = env("HUB_USER_PREFIX", "lab-")
+    if env("HUB_PYTHON"):
+        c.LabProcessSpawner.python = env("HUB_PYTHON")
+else:
+    raise SystemExit(f"hub: HUB_SPAWNER={spawner!r}: say docker or process")
+
+# An idle lab is stopped (its work stays); the culler runs as a service of the hub.
+c.JupyterHub.services = [
+    {
+        "name": "idle-culler",
+        "command": [
+            sys.executable,
+            "-m",
+            "jupyterhub_idle_culler",
+            f"--timeout={int(env('HUB_IDLE_TIMEOUT', '3600'))}",
+        ],
+    }
+]
+c.JupyterHub.load_roles = [
+    {
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    }
+]

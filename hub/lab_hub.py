@@ -1,0 +1,225 @@
+"""The class's JupyterHub: its logins, its two spawners and the GPUs it hands out.
+
+`jupyterhub_config.py`, beside this file, reads the instructor's settings and puts these
+pieces together; they live here so that tests can use them without a running hub.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pwd
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from jupyterhub.spawner import LocalProcessSpawner
+from nativeauthenticator import NativeAuthenticator
+from traitlets import Unicode
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def read_class_list(path: str | os.PathLike) -> list[str]:
+    """The student names in a class list: one per line (or the first column of a CSV)."""
+    names = []
+    text = Path(path).read_text(encoding="utf-8")
+    for number, row in enumerate(csv.reader(text.splitlines()), 1):
+        name = row[0].strip().lower() if row else ""
+        if not name or name.startswith("#") or (number == 1 and name in ("name", "username")):
+            continue
+        if not all(c.isalnum() or c in "-_." for c in name) or not name[0].isalnum():
+            raise SystemExit(
+                f"hub: {path}, line {number}: {row[0]!r} is not a name a student can log in "
+                "with; use letters, digits, '-', '_' or '.', starting with a letter or digit"
+            )
+        names.append(name)
+    return names
+
+
+class ClassAuthenticator(NativeAuthenticator):
+    """NativeAuthenticator that gives the instructor and every student of the class list an
+    account with a first password of its own, written to a file only the hub's user reads.
+
+    Anyone else may sign up, and waits until the instructor authorizes them (/hub/authorize).
+    """
+
+    passwords_file = Unicode("", config=True, help="Where new accounts' passwords are written.")
+
+    def add_user(self, user):
+        # The hub calls this for every user it knows at start and for each one added later.
+        result = super().add_user(user)
+        named = user.name in self.admin_users or user.name in self.allowed_users
+        if named and self.passwords_file and not self.user_exists(user.name):
+            password = secrets.token_urlsafe(9)
+            if self.create_user(user.name, password) is None:
+                self.log.error("hub: could not make an account for %s", user.name)
+                return result
+            path = Path(self.passwords_file)
+            new = not path.exists()
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
+                if new:
+                    f.write("name,password\n")
+                f.write(f"{user.name},{password}\n")
+            self.log.info("hub: made an account for %s; its password is in %s", user.name, path)
+        return result
+
+
+class GpuRoundRobin:
+    """Hands each student one GPU of `gpus` in the order they first start a lab, and
+    remembers it in a file, so a student keeps the same GPU across restarts."""
+
+    def __init__(self, gpus: list[str], path: str | os.PathLike) -> None:
+        self.gpus = gpus
+        self.path = Path(path)
+
+    def gpu_for(self, name: str) -> str:
+        given = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if name not in given:
+            given[name] = self.gpus[len(given) % len(self.gpus)]
+            self.path.write_text(json.dumps(given, indent=1) + "\n")
+        return given[name]
+
+
+def lab_host_config(mode: str, gpus: list[str], state: Path, shm: str = "4g"):
+    """DockerSpawner's `extra_host_config`: a /dev/shm of `shm` and every GPU for every lab
+    (`all`), one each in turn (`each`), or none (`none`). One each needs `device_ids`: a
+    request of `count=1` would put every student on the same GPU."""
+    base = {"shm_size": shm}
+    if mode == "none":
+        return base
+    if mode == "all":
+        request = {"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}
+        return base | {"device_requests": [request]}
+    if mode != "each":
+        raise SystemExit(f"hub: HUB_GPUS={mode!r}: say all, each or none")
+    if not gpus:
+        raise SystemExit("hub: HUB_GPUS=each needs the GPUs to share, as HUB_GPU_IDS=0,1,2,3")
+    turns = GpuRoundRobin(gpus, state / "gpus.json")
+
+    def host_config(spawner) -> dict:
+        gpu = turns.gpu_for(spawner.user.name)
+        request = {"Driver": "nvidia", "DeviceIDs": [gpu], "Capabilities": [["gpu"]]}
+        return base | {"device_requests": [request]}
+
+    return host_config
+
+
+class LabProcessSpawner(LocalProcessSpawner):
+    """Serves a student's lab as a process of the lab's virtual environment.
+
+    Run by root, each student's lab runs as a system account of their own, `<prefix><name>`,
+    made at the first start with its home under `homes`. Run by anyone else, every lab runs
+    as that user, with a home per student under `homes`: for trying the hub out, not for a
+    class, as students could then read each other's files.
+    """
+
+    homes = Unicode("/home", config=True, help="Where the students' homes are made.")
+    prefix = Unicode("lab-", config=True, help="Put before a student's name for their account.")
+    python = Unicode(sys.executable, config=True, help="The lab's Python.")
+
+    @property
+    def isolated(self) -> bool:
+        return os.geteuid() == 0
+
+    @property
+    def account(self) -> str:
+        return self.prefix + self.user.name
+
+    @property
+    def home(self) -> str:
+        if self.isolated:
+            return pwd.getpwnam(self.account).pw_dir
+        return os.path.join(self.homes, self.user.name)
+
+    def _make_account(self) -> None:
+        try:
+            pwd.getpwnam(self.account)
+            return
+        except KeyError:
+            pass
+        home = os.path.join(self.homes, self.account)
+        subprocess.run(
+            ["useradd", "--create-home", "--home-dir", home, "--shell", "/bin/bash",
+             "--user-group", "--no-log-init", self.account],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        os.chmod(home, 0o700)
+        self.log.info("hub: made the account %s for %s", self.account, self.user.name)
+
+    def _check_reach(self) -> None:
+        """Fail with a message the instructor can act on if the student's account cannot
+        run the lab's Python (a folder on the way is closed to other users)."""
+        entry = pwd.getpwnam(self.account)
+        try:
+            probe = subprocess.run(
+                [self.python, "-c", "import jupyterhub, grader"],
+                user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/",
+                capture_output=True, text=True,
+            )  # fmt: skip
+            said = probe.stderr.strip()[-300:] if probe.returncode else ""
+        except OSError as error:
+            said = str(error)
+        if said:
+            raise RuntimeError(
+                f"{self.account} cannot start a lab with {self.python}: a folder on the way "
+                "is closed to other users, or that Python lacks the lab's packages. Install "
+                "the lab where every user may enter and read (chmod o+rx), or name another "
+                f"Python with HUB_PYTHON. It said: {said}"
+            )
+
+    async def start(self):
+        if self.isolated:
+            self._make_account()
+            self._check_reach()
+        else:
+            os.makedirs(self.home, exist_ok=True)
+        return await super().start()
+
+    def make_preexec_fn(self, name):
+        if self.isolated:
+            from jupyterhub.spawner import set_user_setuid
+
+            return set_user_setuid(self.account)
+        home = self.home
+
+        def preexec():
+            os.chdir(home)
+
+        return preexec
+
+    def user_env(self, env):
+        env["USER"] = self.account if self.isolated else self.user.name
+        env["HOME"] = self.home
+        env["SHELL"] = "/bin/bash"
+        return env
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(
+            LAB_PYTHON=self.python,
+            LAB_EXERCISES=str(REPO / "exercises"),
+            LAB_WORK=os.path.join(self.home, "work"),
+            PATH=os.path.dirname(self.python) + os.pathsep + env.get("PATH", os.defpath),
+        )
+        return env
+
+    def move_certs(self, paths):
+        return paths  # the hub and its labs speak plain HTTP on one machine
+
+
+def container_engine_answers() -> bool:
+    """Whether a Docker-compatible engine answers here (Docker, or podman's socket)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://") and not os.path.exists(host[len("unix://") :]):
+        return False
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+        return True
+    except Exception:
+        return False

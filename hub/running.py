@@ -1,0 +1,248 @@
+"""Drive a class's hub from outside, as its users do: start it, log in, start and stop labs,
+read their files and run code in them. `tests/test_hub.py` and `make bench-hub` use it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PROXY = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def missing() -> str:
+    """What this machine lacks to run a hub, or ''."""
+    if not shutil.which("node") and not PROXY.exists():
+        return "no Node.js here, which the hub's proxy needs (apt install nodejs npm)"
+    if not PROXY.exists():
+        return f"the hub's proxy is not installed: run `make {PROXY.relative_to(REPO)}`"
+    try:
+        import jupyterhub  # noqa: F401
+        import nativeauthenticator  # noqa: F401
+    except ImportError as error:
+        return f"the hub's packages are missing ({error}): run `make setup`"
+    return ""
+
+
+def python_for_students(folder: Path) -> str:
+    """A Python with the lab in it that other users may run: this one, or else, where this one
+    lies in a folder closed to them (a pyenv under /root), a virtual environment in `folder` on
+    the system's Python of the same version that reads this one's packages."""
+    if os.geteuid() != 0 or _runs_as_nobody(sys.executable):
+        return sys.executable
+    system = shutil.which("python3", path="/usr/bin:/usr/local/bin")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not system:
+        return ""
+    got = subprocess.run([system, "-c", "import sys; print(sys.version[:4])"],
+                         capture_output=True, text=True).stdout  # fmt: skip
+    if not got.startswith(version):
+        return ""
+    subprocess.run([system, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = folder / "lib" / f"python{version}" / "site-packages"
+    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    (site / "lab.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    for shared in ("etc", "share"):  # Jupyter's settings, extensions and kernels
+        (folder / shared).symlink_to(Path(sys.prefix) / shared)
+    python = str(folder / "bin" / "python")
+    return python if _runs_as_nobody(python) else ""
+
+
+def _runs_as_nobody(python: str) -> bool:
+    try:
+        probe = subprocess.run([python, "-c", "import grader, jupyterhub"], user="nobody",
+                               cwd="/", capture_output=True)  # fmt: skip
+    except OSError:
+        return False
+    return probe.returncode == 0
+
+
+class Hub:
+    """A hub started with hub/jupyterhub_config.py and the given settings."""
+
+    def __init__(self, folder: Path, students: list[str], **settings: str) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.state = folder / "state"
+        (folder / "class.txt").write_text("name\n" + "\n".join(students) + "\n")
+        self.env = dict(
+            os.environ,
+            HUB_PORT=str(self.port),
+            HUB_API_PORT=str(free_port()),
+            HUB_PROXY_API_PORT=str(free_port()),
+            HUB_STATE=str(self.state),
+            HUB_CLASS_LIST=str(folder / "class.txt"),
+            **settings,
+        )
+        self.log_path = folder / "hub.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(HERE / "jupyterhub_config.py")],
+            cwd=self.folder, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the hub stopped at start:\n{self.log_text()[-3000:]}")
+            try:
+                if requests.get(self.base + "/hub/api", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"the hub did not answer in {timeout} s:\n{self.log_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def password(self, name: str) -> str:
+        with open(self.state / "passwords.csv") as f:
+            return {row["name"]: row["password"] for row in csv.DictReader(f)}[name]
+
+    def login(self, name: str, password: str | None = None) -> User:
+        user = User(self, name)
+        user.session.get(self.base + "/hub/login", timeout=10)
+        answer = user.session.post(
+            self.base + "/hub/login",
+            data={"username": name, "password": password or self.password(name),
+                  "_xsrf": user.cookie("_xsrf", "/hub/")},
+            allow_redirects=False, timeout=30,
+        )  # fmt: skip
+        if answer.status_code != 302:
+            raise PermissionError(f"{name} could not log in: {answer.status_code}")
+        return user
+
+
+class User:
+    """One person's browser on the hub: its cookies, and the requests it makes."""
+
+    def __init__(self, hub: Hub, name: str) -> None:
+        self.hub, self.name = hub, name
+        self.session = requests.Session()
+        self.lab = f"{hub.base}/user/{name}"
+
+    def cookie(self, name: str, path: str) -> str | None:
+        return self.session.cookies.get(name, path=path)
+
+    def hub_api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"X-XSRFToken": self.cookie("_xsrf", "/hub/") or ""}
+        return self.session.request(method, f"{self.hub.base}/hub/api{path}", headers=headers,
+                                    timeout=60, **kwargs)  # fmt: skip
+
+    def lab_api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"X-XSRFToken": self.cookie("_xsrf", f"/user/{self.name}/") or ""}
+        return self.session.request(method, f"{self.lab}/api{path}", headers=headers,
+                                    timeout=60, **kwargs)  # fmt: skip
+
+    def start_lab(self, timeout: float = 120) -> float:
+        """Start this user's lab and wait until its files answer; the seconds it took."""
+        began = time.monotonic()
+        answer = self.hub_api("POST", f"/users/{self.name}/server")
+        if answer.status_code not in (201, 202, 400):
+            raise RuntimeError(f"{self.name}'s lab did not start: {answer.status_code} "
+                               f"{answer.text[:300]}\n{self.hub.log_text()[-3000:]}")  # fmt: skip
+        while time.monotonic() - began < timeout:
+            self.session.get(self.lab + "/lab", timeout=30)  # the login into the lab itself
+            if self.lab_api("GET", "/contents").status_code == 200:
+                return time.monotonic() - began
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name}'s lab did not answer in {timeout} s:\n"
+                           f"{self.hub.log_text()[-3000:]}")  # fmt: skip
+
+    def stop_lab(self, timeout: float = 60) -> None:
+        self.hub_api("DELETE", f"/users/{self.name}/server")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.hub_api("GET", f"/users/{self.name}").json().get("servers"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name}'s lab did not stop in {timeout} s")
+
+    def run(self, code: str, timeout: float = 300) -> str:
+        """Run `code` in a new kernel of this user's lab; what it printed and returned."""
+        from tornado.httpclient import HTTPRequest
+        from tornado.ioloop import IOLoop
+        from tornado.websocket import websocket_connect
+
+        kernel = self.lab_api("POST", "/kernels", json={"name": "python3"}).json()["id"]
+        cookies = "; ".join(f"{c.name}={c.value}" for c in self.session.cookies
+                            if self.lab.endswith(c.path.rstrip("/")) or c.path == "/")  # fmt: skip
+        url = self.lab.replace("http", "ws", 1) + f"/api/kernels/{kernel}/channels"
+        msg_id = uuid.uuid4().hex
+        request = {
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": self.name,
+                       "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }  # fmt: skip
+
+        async def talk() -> str:
+            socket_ = await websocket_connect(
+                HTTPRequest(url, headers={"Cookie": cookies}, connect_timeout=30)
+            )
+            socket_.write_message(json.dumps(request))
+            said = []
+            while True:
+                message = await socket_.read_message()
+                if message is None:
+                    raise RuntimeError("the kernel's connection closed")
+                message = json.loads(message)
+                if message.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = message["msg_type"], message["content"]
+                if kind == "stream":
+                    said.append(content["text"])
+                elif kind in ("execute_result", "display_data"):
+                    said.append(content["data"].get("text/plain", ""))
+                elif kind == "error":
+                    said.append("\n".join(content["traceback"]))
+                elif kind == "status" and content["execution_state"] == "idle":
+                    socket_.close()
+                    return "".join(said)
+
+        try:
+            return IOLoop.current().run_sync(talk, timeout=timeout)
+        finally:
+            self.lab_api("DELETE", f"/kernels/{kernel}")
+
+
+def temporary_homes() -> Path:
+    """A folder for the students' homes that their accounts can reach."""
+    folder = Path(tempfile.mkdtemp(prefix="lab-homes-"))
+    folder.chmod(0o755)
+    return folder

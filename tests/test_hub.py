@@ -1,0 +1,145 @@
+"""A class on JupyterHub, for real: hub/jupyterhub_config.py started on free ports, two students
+of a class list logging in through NativeAuthenticator, each lab started by the process
+spawner. Run by root, each lab runs under a system account of its own, made by the hub.
+
+The container spawner (DockerSpawner on podman's socket) needs the lab image: `make images`
+tests it (tests/test_images.py)."""
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hub"))
+
+import running  # noqa: E402
+
+pytestmark = pytest.mark.slow
+STUDENTS = ["ann", "bo"]
+NOTEBOOKS = {"concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    if why := running.missing():
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("hub")
+    homes = running.temporary_homes()
+    prefix = f"t{secrets.token_hex(2)}-"
+    settings = {"HUB_SPAWNER": "process", "HUB_HOMES": str(homes), "HUB_USER_PREFIX": prefix}
+    if os.geteuid() == 0:
+        python = running.python_for_students(homes / "python")
+        if not python:
+            pytest.skip(
+                f"no Python with the lab in it that other users may run: {sys.executable} lies "
+                "in a folder closed to them and the system has no Python "
+                f"{sys.version_info.major}.{sys.version_info.minor} to lend them"
+            )
+        settings["HUB_PYTHON"] = python
+    hub = running.Hub(folder, STUDENTS, **settings)
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.stop()
+        if os.geteuid() == 0:
+            for name in STUDENTS:
+                subprocess.run(["pkill", "-KILL", "-u", prefix + name], capture_output=True)
+                subprocess.run(["userdel", "--remove", prefix + name], capture_output=True)
+        shutil.rmtree(homes, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def labs(hub):
+    """Both students logged in, their labs started."""
+    users = {name: hub.login(name) for name in STUDENTS}
+    for user in users.values():
+        user.start_lab()
+    return users
+
+
+def names_in(listing) -> set[str]:
+    return {item["name"] for item in listing.json()["content"]}
+
+
+def test_the_class_list_gives_each_student_an_account_and_nobody_else(hub):
+    passwords = (hub.state / "passwords.csv").read_text()
+    assert {"instructor", "ann", "bo"} == {
+        line.split(",")[0] for line in passwords.splitlines()[1:]
+    }
+    assert (hub.state / "passwords.csv").stat().st_mode & 0o077 == 0
+    with pytest.raises(PermissionError):
+        hub.login("ann", "not-" + hub.password("ann"))
+    with pytest.raises(PermissionError):
+        hub.login("mallory", "correct-horse-battery")
+
+
+def test_a_stranger_who_signs_up_waits_for_the_instructor(hub):
+    stranger = requests.Session()
+    stranger.get(hub.base + "/hub/signup", timeout=10)
+    form = {"username": "eve", "signup_password": "a-long-pass-9",
+            "signup_password_confirmation": "a-long-pass-9",
+            "_xsrf": stranger.cookies.get("_xsrf", path="/hub/")}  # fmt: skip
+    signed = stranger.post(hub.base + "/hub/signup", data=form, timeout=10)
+    assert "sent to the admin" in signed.text, signed.text[-800:]
+    with pytest.raises(PermissionError):
+        hub.login("eve", "a-long-pass-9")
+    instructor = hub.login("instructor")
+    authorize = instructor.session.get(hub.base + "/hub/authorize/eve", timeout=10)
+    assert authorize.status_code == 200
+    assert hub.login("eve", "a-long-pass-9")
+
+
+def test_each_student_sees_their_own_work_folder_with_the_notebooks(hub, labs):
+    for name, user in labs.items():
+        assert names_in(user.lab_api("GET", "/contents")) == {"multigpu"}, name
+        assert names_in(user.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS, name
+    servers = hub.login("instructor").hub_api("GET", "/users").json()
+    ready = {u["name"] for u in servers if u["servers"].get("", {}).get("ready")}
+    assert ready == set(STUDENTS)
+
+
+def test_a_student_cannot_reach_anothers_lab(labs):
+    ann, bo = labs["ann"], labs["bo"]
+    answer = ann.session.get(bo.lab + "/api/contents/multigpu", timeout=30)
+    assert answer.status_code in (403, 404) and "from_scratch" not in answer.text
+    assert ann.hub_api("GET", "/users/bo").status_code in (403, 404)
+    assert ann.hub_api("DELETE", "/users/bo/server").status_code in (403, 404)
+    if os.geteuid() == 0:  # nor, from a terminal or kernel of their lab, bo's files
+        bo_home = Path(ann.hub.env["HUB_HOMES"]) / (ann.hub.env["HUB_USER_PREFIX"] + "bo")
+        said = ann.run(f"import os\ntry:\n    print(os.listdir({str(bo_home)!r}))\n"
+                       "except PermissionError:\n    print('refused')\n")  # fmt: skip
+        assert said.strip() == "refused", said
+
+
+def test_a_check_runs_inside_a_students_lab(labs):
+    said = labs["ann"].run(
+        "import torch\nfrom grader import check\n"
+        "def try_gpu(i=0):\n"
+        "    return torch.device(f'cuda:{i}') if torch.cuda.device_count() > i else "
+        "torch.device('cpu')\n"
+        "check('try_gpu', try_gpu)\n"
+    )
+    assert "try_gpu" in said and "Traceback" not in said, said
+    assert "2 of 2 public checks passed" in said, said
+
+
+def test_a_restart_keeps_a_students_edits(labs):
+    ann = labs["ann"]
+    path = "/contents/multigpu/from_scratch.ipynb"
+    notebook = ann.lab_api("GET", path).json()["content"]
+    notebook["cells"][0]["source"] = "# ann was here\n" + "".join(notebook["cells"][0]["source"])
+    saved = ann.lab_api("PUT", path, data=json.dumps({"type": "notebook", "content": notebook}))
+    assert saved.status_code == 200, saved.text
+    ann.stop_lab()
+    ann.start_lab()
+    again = ann.lab_api("GET", path).json()["content"]
+    assert "".join(again["cells"][0]["source"]).startswith("# ann was here")
+    assert names_in(ann.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS
