@@ -4,7 +4,7 @@
 #   make hub    JupyterHub for a class on this machine (docs/hub.md)
 # and, for people who write exercises or maintain the lab:
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
-#   make bench-grade, bench-notebooks, bench-distributed   timings, printed (never tested)
+#   make bench-grade, bench-notebooks, bench-distributed, bench-hub   figures, printed (never tested)
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
 #   make picture     redraw the README's picture (docs/check-in-the-lab.png) from a real check
 #   make render LANG=zh_CN   run a language's notebooks on the sample, as HTML in build/render/
@@ -20,7 +20,7 @@ PORT ?= 8888
 ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed \
+.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub \
 	lock images clean picture render hub
 
 setup: $(DEV_READY)
@@ -117,6 +117,11 @@ bench-grade: $(DEV_READY)
 
 bench-notebooks: $(DEV_READY)
 	$(BIN)/python -m grader.bench_notebooks
+
+# A class's hub: login to a usable lab, and the memory of idle labs (STUDENTS=8 of them).
+STUDENTS ?= 8
+bench-hub: $(DEV_READY) $(CATALOGUES) $(PROXY)
+	$(BIN)/python hub/bench.py --students $(STUDENTS)
 
 # All-reduce bus bandwidth of the ring, per-parameter, bucketed and torch's own, 4 KiB to 64 MiB.
 bench-distributed: $(DEV_READY)

@@ -7,6 +7,7 @@
 #   HUB_ADMIN          the instructor's login                     (instructor)
 #   HUB_CLASS_LIST     a file of student names, one per line: each gets an account and a first
 #                      password, written with the instructor's to $HUB_STATE/passwords.csv
+#                                                                 ($HUB_STATE/class.txt)
 #   HUB_SPAWNER        docker (a container of the lab image per student; Docker, or podman's
 #                      Docker-compatible socket) or process (the lab's virtual environment)
 #                                                                 (docker where an engine answers)
@@ -57,8 +58,9 @@ admin = env("HUB_ADMIN", "instructor")
 c.JupyterHub.authenticator_class = ClassAuthenticator
 c.Authenticator.admin_users = {admin}
 c.Authenticator.allow_all = True  # NativeAuthenticator's own authorization decides who enters
-if env("HUB_CLASS_LIST"):
-    c.Authenticator.allowed_users = set(read_class_list(env("HUB_CLASS_LIST")))
+class_list = env("HUB_CLASS_LIST") or state / "class.txt"
+if env("HUB_CLASS_LIST") or Path(class_list).exists():
+    c.Authenticator.allowed_users = set(read_class_list(class_list))
 c.ClassAuthenticator.passwords_file = str(state / "passwords.csv")
 c.NativeAuthenticator.open_signup = False
 c.NativeAuthenticator.minimum_password_length = 8

@@ -194,11 +194,18 @@ class User:
 
     def run(self, code: str, timeout: float = 300) -> str:
         """Run `code` in a new kernel of this user's lab; what it printed and returned."""
+        kernel = self.lab_api("POST", "/kernels", json={"name": "python3"}).json()["id"]
+        try:
+            return self.run_in(kernel, code, timeout)
+        finally:
+            self.lab_api("DELETE", f"/kernels/{kernel}")
+
+    def run_in(self, kernel: str, code: str, timeout: float = 300) -> str:
+        """Run `code` in the kernel `kernel` of this user's lab; what it printed and returned."""
         from tornado.httpclient import HTTPRequest
         from tornado.ioloop import IOLoop
         from tornado.websocket import websocket_connect
 
-        kernel = self.lab_api("POST", "/kernels", json={"name": "python3"}).json()["id"]
         cookies = "; ".join(f"{c.name}={c.value}" for c in self.session.cookies
                             if self.lab.endswith(c.path.rstrip("/")) or c.path == "/")  # fmt: skip
         url = self.lab.replace("http", "ws", 1) + f"/api/kernels/{kernel}/channels"
@@ -235,10 +242,7 @@ class User:
                     socket_.close()
                     return "".join(said)
 
-        try:
-            return IOLoop.current().run_sync(talk, timeout=timeout)
-        finally:
-            self.lab_api("DELETE", f"/kernels/{kernel}")
+        return IOLoop.current().run_sync(talk, timeout=timeout)
 
 
 def temporary_homes() -> Path:

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,14 +27,15 @@ STUDENTS = ["ann", "bo"]
 NOTEBOOKS = {"concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"}
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def started_hub(tmp_path_factory, **extra: str):
+    """A hub of the class STUDENTS whose labs are processes, stopped and cleaned up after."""
     if why := running.missing():
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("hub")
     homes = running.temporary_homes()
     prefix = f"t{secrets.token_hex(2)}-"
     settings = {"HUB_SPAWNER": "process", "HUB_HOMES": str(homes), "HUB_USER_PREFIX": prefix}
+    settings.update(extra)
     if os.geteuid() == 0:
         python = running.python_for_students(homes / "python")
         if not python:
@@ -54,6 +56,11 @@ def hub(tmp_path_factory):
                 subprocess.run(["pkill", "-KILL", "-u", prefix + name], capture_output=True)
                 subprocess.run(["userdel", "--remove", prefix + name], capture_output=True)
         shutil.rmtree(homes, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    yield from started_hub(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +150,16 @@ def test_a_restart_keeps_a_students_edits(labs):
     again = ann.lab_api("GET", path).json()["content"]
     assert "".join(again["cells"][0]["source"]).startswith("# ann was here")
     assert names_in(ann.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS
+
+
+def test_an_idle_lab_is_stopped_and_its_work_kept(tmp_path_factory):
+    for hub in started_hub(tmp_path_factory, HUB_IDLE_TIMEOUT="10"):
+        ann = hub.login("ann")
+        ann.start_lab()
+        deadline = time.monotonic() + 90
+        while ann.hub_api("GET", "/users/ann").json().get("servers"):
+            assert time.monotonic() < deadline, "the idle culler left ann's lab running"
+            time.sleep(2)
+        assert "DELETE /hub/api/users/ann/server (idle-culler@" in hub.log_text()
+        ann.start_lab()
+        assert names_in(ann.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS

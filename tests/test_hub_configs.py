@@ -78,3 +78,68 @@ def test_idle_labs_are_culled_and_students_are_authorized(values):
     hub = values["hub"]["config"]
     assert hub["JupyterHub"]["authenticator_class"].startswith("nativeauthenticator.")
     assert hub["NativeAuthenticator"]["open_signup"] is False
+
+
+# ---- hub/jupyterhub_config.py's pieces ----------------------------------------------------
+
+
+def lab_hub():
+    import sys
+
+    sys.path.insert(0, str(REPO / "hub"))
+    import lab_hub
+
+    return lab_hub
+
+
+class StandInSpawner:
+    """What DockerSpawner hands a callable `extra_host_config`: itself, with its user."""
+
+    def __init__(self, name: str) -> None:
+        self.user = type("User", (), {"name": name})()
+
+
+def test_one_gpu_each_goes_round_the_gpus_and_stays_with_its_student(tmp_path):
+    host_config = lab_hub().lab_host_config("each", ["0", "1"], tmp_path)
+    given = {n: host_config(StandInSpawner(n))["device_requests"] for n in ("ann", "bo", "cy")}
+    assert {n: r[0]["DeviceIDs"] for n, r in given.items()} == {
+        "ann": ["0"], "bo": ["1"], "cy": ["0"]
+    }  # fmt: skip
+    assert "Count" not in given["ann"][0]  # count=1 would put everyone on the first GPU
+    again = lab_hub().lab_host_config("each", ["0", "1"], tmp_path)  # the hub restarted
+    assert again(StandInSpawner("bo"))["device_requests"][0]["DeviceIDs"] == ["1"]
+
+
+def test_every_gpu_for_every_lab_and_room_in_dev_shm(tmp_path):
+    every = lab_hub().lab_host_config("all", [], tmp_path)
+    assert every["device_requests"] == [
+        {"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}
+    ]
+    assert every["shm_size"] == lab_hub().lab_host_config("none", [], tmp_path)["shm_size"]
+
+
+def test_a_gpu_setting_that_cannot_work_says_what_to_write(tmp_path):
+    with pytest.raises(SystemExit, match="HUB_GPU_IDS=0,1,2,3"):
+        lab_hub().lab_host_config("each", [], tmp_path)
+    with pytest.raises(SystemExit, match="say all, each or none"):
+        lab_hub().lab_host_config("one", ["0"], tmp_path)
+
+
+def test_a_class_list_reads_names_and_refuses_one_nobody_could_log_in_with(tmp_path):
+    good = tmp_path / "class.csv"
+    good.write_text("name,email\nAnn,ann@example.org\n# late\nbo\n\n")
+    assert lab_hub().read_class_list(good) == ["ann", "bo"]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("ann\nbo smith\n")
+    with pytest.raises(SystemExit, match=r"line 2: 'bo smith' is not a name"):
+        lab_hub().read_class_list(bad)
+
+
+def test_the_compose_hub_reaches_the_engine_and_keeps_the_class_on_the_host():
+    hub = COMPOSE["services"]["hub"]
+    assert hub["build"]["target"] == "hub"
+    volumes = {v.rsplit(":", 1)[1]: v.rsplit(":", 1)[0] for v in hub["volumes"]}
+    assert volumes["/var/run/docker.sock"].startswith("${HUB_SOCKET")
+    assert volumes["/srv/hub"].startswith("${HUB_FOLDER")
+    assert hub["environment"]["HUB_IMAGE"] == COMPOSE["services"]["lab"]["image"]
+    assert hub["environment"]["HUB_NETWORK"] == COMPOSE["networks"]["hub"]["name"]

@@ -377,3 +377,105 @@ def test_torchrun_trains_in_the_lab_image(images, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "on 2 processes (gloo, cpu)" in proc.stdout
+
+
+# ---- a class's hub: each student's lab a container of the lab image ----------------------
+
+
+@pytest.fixture(scope="module")
+def container_hub(images, tmp_path_factory):
+    """hub/jupyterhub_config.py with DockerSpawner, on Docker's socket or on podman's (served
+    by `docker/check socket`), two students of a class list, their labs started."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "hub"))
+    import running
+
+    if why := running.missing():
+        pytest.skip(why)
+    lab_image = images["lab"]
+    folder = tmp_path_factory.mktemp("hub")
+    settings = {"HUB_SPAWNER": "docker", "HUB_IMAGE": lab_image, "HUB_MEM_LIMIT": "2G",
+                "HUB_CPU_LIMIT": "1", "HUB_CONNECT_IP": "host.containers.internal"}  # fmt: skip
+    service = None
+    if check("engine").stdout.strip() == "podman":
+        socket_path = folder / "engine.sock"
+        service = subprocess.Popen([CHECK, "socket", str(socket_path)], cwd=REPO)
+        for _ in range(100):
+            if socket_path.exists():
+                break
+            time.sleep(0.2)
+        settings["DOCKER_HOST"] = f"unix://{socket_path}"
+    else:
+        settings["HUB_CONNECT_IP"] = "host.docker.internal"
+    suffix = os.urandom(2).hex()
+    students = [f"ann{suffix}", f"bo{suffix}"]
+    hub = running.Hub(folder, students, **settings)
+    hub.start()
+    users = {}
+    try:
+        users = {name: hub.login(name) for name in students}
+        for user in users.values():
+            user.start_lab(timeout=300)
+        yield hub, users
+    finally:
+        hub.stop()
+        for name in students:
+            check("exec", "rm", "-f", f"jupyter-{name}", timeout=120)
+            check("exec", "volume", "rm", "-f", f"lab-work-{name}", timeout=120)
+        if service:
+            service.terminate()
+            service.wait(30)
+
+
+def test_each_students_lab_is_a_container_of_the_lab_image_within_limits(container_hub):
+    hub, users = container_hub
+    for name, user in users.items():
+        listing = user.lab_api("GET", "/contents/multigpu").json()["content"]
+        assert {item["name"] for item in listing} == {
+            "concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"
+        }, name  # fmt: skip
+        inspected = check("exec", "inspect", f"jupyter-{name}", timeout=120)
+        assert inspected.returncode == 0, inspected.stderr
+        config = json.loads(inspected.stdout)[0]
+        assert config["Config"]["User"] == "1000"
+        assert config["HostConfig"]["Memory"] == 2 * 1024**3
+        assert config["HostConfig"]["CpuQuota"] == 100_000
+        assert config["HostConfig"]["ShmSize"] == 4 * 1024**3
+        mounts = {m["Destination"]: m.get("Name") for m in config["Mounts"]}
+        assert mounts["/home/student/work"] == f"lab-work-{name}"
+
+
+def test_a_check_runs_inside_a_students_container(container_hub):
+    _, users = container_hub
+    user = next(iter(users.values()))
+    said = user.run(
+        "import os, torch\nfrom grader import check\nprint('uid', os.getuid())\n"
+        "def try_all_gpus():\n"
+        "    return [torch.device(f'cuda:{i}') for i in range(torch.cuda.device_count())] "
+        "or [torch.device('cpu')]\n"
+        "check('try_all_gpus', try_all_gpus)\n"
+    )
+    assert "uid 1000" in said and "public checks passed" in said, said
+    assert "Traceback" not in said, said
+
+
+def test_a_student_cannot_reach_anothers_container(container_hub):
+    _, users = container_hub
+    ann, bo = users.values()
+    answer = ann.session.get(bo.lab + "/api/contents/multigpu", timeout=30)
+    assert answer.status_code in (403, 404) and "from_scratch" not in answer.text
+
+
+def test_a_containers_restart_keeps_the_students_edits(container_hub):
+    _, users = container_hub
+    ann = next(iter(users.values()))
+    path = "/contents/multigpu/concise.ipynb"
+    notebook = ann.lab_api("GET", path).json()["content"]
+    notebook["cells"][0]["source"] = "# kept\n" + "".join(notebook["cells"][0]["source"])
+    saved = ann.lab_api("PUT", path, data=json.dumps({"type": "notebook", "content": notebook}))
+    assert saved.status_code == 200, saved.text
+    ann.stop_lab()
+    ann.start_lab(timeout=300)
+    again = ann.lab_api("GET", path).json()["content"]
+    assert "".join(again["cells"][0]["source"]).startswith("# kept")
