@@ -91,10 +91,12 @@ if spawner == "docker":
         c.DockerSpawner.use_internal_ip = True
         c.JupyterHub.hub_ip = "0.0.0.0"
         c.JupyterHub.hub_connect_ip = env("HUB_CONNECT_IP", "hub")
-    else:  # labs publish a port on the loopback, where the hub reaches them
+    else:  # labs publish a port on the loopback, where the proxy reaches them; they reach
+        # the hub's API on this machine by the name the engine gives it inside containers
         c.DockerSpawner.host_ip = "127.0.0.1"
-        c.JupyterHub.hub_connect_ip = env("HUB_CONNECT_IP", "host.containers.internal")
         c.JupyterHub.hub_ip = "0.0.0.0"
+        host = env("HUB_CONNECT_IP", "host.containers.internal")  # Docker: host.docker.internal
+        c.DockerSpawner.hub_connect_url = f"http://{host}:{c.JupyterHub.hub_port}"
 elif spawner == "process":
     c.JupyterHub.spawner_class = LabProcessSpawner
     c.LabProcessSpawner.cmd = [str(REPO / "docker" / "start-lab")]
