@@ -129,12 +129,12 @@ bench-distributed: $(DEV_READY)
 
 # One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
 # students run (the lab image, `make lab`); hub.txt is a class's JupyterHub (`make hub`, the hub
-# image); dev.txt adds both, nbgrader and the project's own tools. lab.txt and hub.txt are
+# image); dev.txt adds both and the project's own tools. lab.txt and hub.txt are
 # resolved within dev.txt, so the versions they share agree.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml
 lock: $(DEV_READY)
-	$(UV_COMPILE) --extra grade --group dev -o requirements/dev.txt
+	$(UV_COMPILE) --group dev -o requirements/dev.txt
 	$(UV_COMPILE) -c requirements/dev.txt -o requirements/lab.txt
 	$(subst pyproject.toml,--group pyproject.toml:hub,$(UV_COMPILE)) -c requirements/dev.txt \
 		-o requirements/hub.txt

@@ -20,6 +20,11 @@
 #                      homes and the start of their names         (/home, lab-)
 #   HUB_PYTHON         process spawner: the Python of the lab, which the students' accounts
 #                      must be able to run                        (the hub's own)
+#   HUB_EXCHANGE       nbgrader's exchange: the instructor releases the notebooks into it and
+#                      collects them from it; the students fetch and submit them in their labs'
+#                      Assignments tab. A folder on this machine (process spawner), or a volume
+#                      or folder mounted in every lab (docker). Unset: the notebooks are copied
+#                      into each lab at its first start.
 #   LAB_LANG           zh_CN gives every student the Chinese notebooks
 import os
 import sys
@@ -27,11 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lab_hub import (  # noqa: E402
+    EXCHANGE_IN_CONTAINERS,
     REPO,
     ClassAuthenticator,
     LabProcessSpawner,
     container_engine_answers,
     lab_host_config,
+    open_exchange,
     read_class_list,
 )
 
@@ -74,6 +81,10 @@ c.Spawner.mem_limit = env("HUB_MEM_LIMIT", "8G")
 c.Spawner.cpu_limit = float(env("HUB_CPU_LIMIT", "4"))
 c.Spawner.environment = {"LAB_LANG": env("LAB_LANG", "")}
 
+exchange = env("HUB_EXCHANGE", "")
+if exchange:
+    c.Spawner.environment["LAB_EXCHANGE"] = EXCHANGE_IN_CONTAINERS
+
 spawner = env("HUB_SPAWNER") or ("docker" if container_engine_answers() else "process")
 if spawner == "docker":
     c.JupyterHub.spawner_class = "docker"
@@ -81,6 +92,8 @@ if spawner == "docker":
     c.DockerSpawner.pull_policy = "never"  # the image is built here (docker compose build)
     c.DockerSpawner.remove = True  # the container goes, the student's volume stays
     c.DockerSpawner.volumes = {"lab-work-{username}": "/home/student/work"}
+    if exchange:
+        c.DockerSpawner.volumes[exchange] = EXCHANGE_IN_CONTAINERS
     # The GPUs, and a /dev/shm with room for DataLoader workers (64 MB by default).
     c.DockerSpawner.extra_host_config = lab_host_config(
         env("HUB_GPUS", "none"), [g for g in env("HUB_GPU_IDS", "").split(",") if g], state
@@ -106,6 +119,8 @@ elif spawner == "process":
     c.LabProcessSpawner.prefix = env("HUB_USER_PREFIX", "lab-")
     if env("HUB_PYTHON"):
         c.LabProcessSpawner.python = env("HUB_PYTHON")
+    if exchange:
+        c.Spawner.environment["LAB_EXCHANGE"] = open_exchange(exchange)
 else:
     raise SystemExit(f"hub: HUB_SPAWNER={spawner!r}: say docker or process")
 

@@ -21,6 +21,17 @@ from traitlets import Unicode
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+EXCHANGE_IN_CONTAINERS = "/srv/nbgrader/exchange"  # nbgrader's own default
+
+
+def open_exchange(path: str) -> str:
+    """Make nbgrader's exchange folder, open to every student's account as /tmp is (anyone may
+    add, only the owner may remove); nbgrader sets the modes of what it puts inside."""
+    folder = Path(path).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.stat().st_uid == os.geteuid():
+        folder.chmod(0o1777)
+    return str(folder)
 
 
 def read_class_list(path: str | os.PathLike) -> list[str]:

@@ -164,9 +164,13 @@ class User:
                                     timeout=60, **kwargs)  # fmt: skip
 
     def lab_api(self, method: str, path: str, **kwargs) -> requests.Response:
+        return self.in_lab(method, "/api" + path, **kwargs)
+
+    def in_lab(self, method: str, path: str, **kwargs) -> requests.Response:
+        """A request to this user's lab, as its pages make them."""
         headers = {"X-XSRFToken": self.cookie("_xsrf", f"/user/{self.name}/") or ""}
-        return self.session.request(method, f"{self.lab}/api{path}", headers=headers,
-                                    timeout=60, **kwargs)  # fmt: skip
+        return self.session.request(method, self.lab + path, headers=headers, timeout=120,
+                                    **kwargs)  # fmt: skip
 
     def start_lab(self, timeout: float = 120) -> float:
         """Start this user's lab and wait until its files answer; the seconds it took."""

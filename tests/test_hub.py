@@ -163,3 +163,55 @@ def test_an_idle_lab_is_stopped_and_its_work_kept(tmp_path_factory):
         assert "DELETE /hub/api/users/ann/server (idle-culler@" in hub.log_text()
         ann.start_lab()
         assert names_in(ann.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS
+
+
+def test_the_exchange_takes_the_notebooks_from_release_to_grades(tmp_path_factory, tmp_path):
+    """The instructor releases with nbgrader, each student fetches and submits in their lab's
+    Assignments tab, the instructor collects and grades with the lab's grader."""
+    from tests.nbgrader_course import nbgrader
+
+    shared = running.temporary_homes()
+    exchange = f"--Exchange.root={shared / 'exchange'}"
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(REPO / "nbgrader_config.py", course)
+    shutil.copytree(REPO / "solutions" / "multigpu", course / "solutions" / "multigpu")
+    nbgrader(course, "generate_assignment", "multigpu", "--force")
+    try:
+        for hub in started_hub(tmp_path_factory, HUB_EXCHANGE=str(shared / "exchange")):
+            nbgrader(course, "release_assignment", "multigpu", exchange)
+            users = {name: hub.login(name) for name in STUDENTS}
+            for user in users.values():
+                user.start_lab()
+                assert names_in(user.lab_api("GET", "/contents")) == set(), "copied, not fetched"
+                course_id = {"course_id": "multigpu-lab"}
+                listed = user.in_lab("GET", "/assignments", params=course_id).json()
+                assert [(a["assignment_id"], a["status"]) for a in listed["value"]] == [
+                    ("multigpu", "released")
+                ], listed
+                fetched = user.in_lab("POST", "/assignments/fetch",
+                                      data=course_id | {"assignment_id": "multigpu"})  # fmt: skip
+                assert fetched.status_code == 200, fetched.text
+                assert names_in(user.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS
+            for notebook in NOTEBOOKS:  # ann does the work: the reference solutions
+                content = json.loads((REPO / "solutions" / "multigpu" / notebook).read_text())
+                saved = users["ann"].lab_api("PUT", f"/contents/multigpu/{notebook}",
+                                             data=json.dumps({"type": "notebook",
+                                                              "content": content}))  # fmt: skip
+                assert saved.status_code == 200, saved.text
+            for user in users.values():  # bo hands in the stubs as they came
+                submitted = user.in_lab("POST", "/assignments/submit",
+                                        data=course_id | {"assignment_id": "multigpu"})  # fmt: skip
+                assert submitted.status_code == 200 and '"success": false' not in submitted.text
+            nbgrader(course, "collect", "multigpu", exchange)
+            assert {p.parent.parent.name for p in course.glob("submitted/*/multigpu/*.ipynb")} == {
+                "ann", "bo"
+            }  # fmt: skip
+            graded = subprocess.run(
+                [sys.executable, "-m", "grader", "grade", "submitted", "--gradebook",
+                 "gradebook.db"], cwd=course, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            assert graded.returncode == 0, graded.stdout + graded.stderr
+            assert "ann: 135/135" in graded.stdout and "bo: 0/135" in graded.stdout, graded.stdout
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

