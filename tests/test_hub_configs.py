@@ -56,7 +56,9 @@ def test_each_student_gets_the_lab_image_and_their_own_work_folder(values):
     assert user["storage"]["type"] == "dynamic"
     assert user["storage"]["homeMountPath"] == "/home/student/work"
     assert user["uid"] == 1000  # the image's student (docker/Dockerfile)
-    assert "cp -rn" in " ".join(user["lifecycleHooks"]["postStart"]["exec"]["command"])
+    # The image's own start, which copies the notebooks in and serves the hub's single-user
+    # server (tests/test_hub.py and tests/test_images.py run it under a real hub).
+    assert user["cmd"] == "start-lab"
 
 
 def test_gpu_profiles_ask_for_whole_gpus_and_dataloaders_get_shared_memory(values):
@@ -78,6 +80,10 @@ def test_idle_labs_are_culled_and_students_are_authorized(values):
     hub = values["hub"]["config"]
     assert hub["JupyterHub"]["authenticator_class"].startswith("nativeauthenticator.")
     assert hub["NativeAuthenticator"]["open_signup"] is False
+    # JupyterHub 5 lets in only allowed_users unless allow_all: the students the instructor
+    # authorizes in NativeAuthenticator would all be turned away (make hub sets it too).
+    assert hub["Authenticator"]["allow_all"] is True
+    assert "c.Authenticator.allow_all = True" in (REPO / "hub" / "jupyterhub_config.py").read_text()
 
 
 # ---- hub/jupyterhub_config.py's pieces ----------------------------------------------------
