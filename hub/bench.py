@@ -117,8 +117,8 @@ def main() -> None:
     print(f"idle lab, server alone:               median {statistics.median(bare):.0f} MiB (PSS)")
     print(f"idle lab with a kernel (first cell):  median {statistics.median(with_kernel):.0f} MiB "
           f"(PSS); {per_lab:.0f} MiB each from the machine's free memory")  # fmt: skip
-    print(f"idle labs with a kernel that fit in {total / 2**30:.0f} GiB: "
-          f"about {int(total / 2**20 / max(per_lab, 1))}")  # fmt: skip
+    print(f"idle labs with a kernel that fit in the {free_before / 2**30:.1f} GiB free before the "
+          f"hub started: about {int(free_before / 2**20 / max(per_lab, 1))}")  # fmt: skip
 
 
 if __name__ == "__main__":

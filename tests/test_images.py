@@ -479,3 +479,91 @@ def test_a_containers_restart_keeps_the_students_edits(container_hub):
     ann.start_lab(timeout=300)
     again = ann.lab_api("GET", path).json()["content"]
     assert "".join(again["cells"][0]["source"]).startswith("# kept")
+
+
+@pytest.fixture(scope="module")
+def compose_hub(images, tmp_path_factory):
+    """The compose file's hub service in its own image, on the engine's socket, with a class
+    list in its folder and nbgrader's exchange in a folder of this machine."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "hub"))
+    import running
+
+    engine = check("engine").stdout.strip()
+    if engine == "podman" and compose("version").returncode != 0:
+        pytest.skip("podman-compose is missing (it is in requirements/dev.txt: make setup)")
+    for target in ("lab", "hub"):
+        name = COMPOSE["services"]["hub" if target == "hub" else "lab"]["image"]
+        assert check("exec", "tag", images[target], name, timeout=120).returncode == 0
+    folder = tmp_path_factory.mktemp("compose-hub")
+    suffix = os.urandom(2).hex()
+    students = [f"cy{suffix}", f"di{suffix}"]
+    classroom = folder / "classroom"
+    classroom.mkdir()
+    (classroom / "class.txt").write_text("\n".join(students) + "\n")
+    exchange = Path(running.temporary_homes()) / "exchange"
+    env = {"HUB_PORT": str(free_port()), "HUB_FOLDER": str(classroom),
+           "HUB_EXCHANGE": str(exchange)}  # fmt: skip
+    exchange.mkdir()
+    exchange.chmod(0o1777)
+    service = None
+    if engine == "podman":
+        socket_path = folder / "engine.sock"
+        service = subprocess.Popen([CHECK, "socket", str(socket_path)], cwd=REPO)
+        for _ in range(100):
+            if socket_path.exists():
+                break
+            time.sleep(0.2)
+        env["HUB_SOCKET"] = str(socket_path)
+    hub = running.Hub.__new__(running.Hub)  # started by compose, driven as any other
+    hub.base, hub.state = f"http://127.0.0.1:{env['HUB_PORT']}", classroom
+    hub.log_path = folder / "hub.log"
+    try:
+        proc = compose("up", "-d", "hub", env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        for _ in range(120):
+            try:
+                if get(f"{hub.base}/hub/api")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        yield hub, students, exchange
+    finally:
+        logs = compose("logs", "hub", env=env, timeout=120)
+        hub.log_path.write_text(logs.stdout + logs.stderr)
+        compose("down", env=env, timeout=300)
+        for name in students:
+            check("exec", "rm", "-f", f"jupyter-{name}", timeout=120)
+            check("exec", "volume", "rm", "-f", f"lab-work-{name}", timeout=120)
+        shutil.rmtree(exchange.parent, ignore_errors=True)
+        if service:
+            service.terminate()
+            service.wait(30)
+
+
+def test_the_compose_hub_serves_a_class_its_labs_and_nbgraders_exchange(compose_hub, tmp_path):
+    from tests.nbgrader_course import nbgrader
+
+    hub, students, exchange = compose_hub
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(REPO / "nbgrader_config.py", course)
+    shutil.copytree(REPO / "solutions" / "multigpu", course / "solutions" / "multigpu")
+    nbgrader(course, "generate_assignment", "multigpu", "--force")
+    nbgrader(course, "release_assignment", "multigpu", f"--Exchange.root={exchange}")
+    ask = {"course_id": "multigpu-lab", "assignment_id": "multigpu"}
+    for name in students:
+        user = hub.login(name)  # a first password from classroom/passwords.csv
+        user.start_lab(timeout=300)
+        said = user.run("import os\nprint(os.getuid(), os.environ['JUPYTERHUB_USER'])")
+        assert said.split() == ["1000", name], said
+        fetched = user.in_lab("POST", "/assignments/fetch", data=ask)
+        assert fetched.status_code == 200, fetched.text
+        listing = user.lab_api("GET", "/contents/multigpu").json()["content"]
+        assert len([i for i in listing if i["name"].endswith(".ipynb")]) == 3
+        submitted = user.in_lab("POST", "/assignments/submit", data=ask)
+        assert submitted.status_code == 200 and '"success": false' not in submitted.text
+    nbgrader(course, "collect", "multigpu", f"--Exchange.root={exchange}")
+    assert {p.name for p in (course / "submitted").iterdir()} == set(students)
