@@ -10,6 +10,8 @@
 #   make render LANG=zh_CN   run a language's notebooks on the sample, as HTML in build/render/
 #   make lock        re-resolve requirements/*.txt from pyproject.toml (needs the network)
 #   make images      build the lab and grader images and probe them (tests/test_images.py)
+#   make gpu-check   on a machine with NVIDIA GPUs: the tests that need them (PYTHON=... names
+#                    a Python that already has PyTorch; no virtual environment is made)
 
 PYTHON ?= python3
 VENV := .venv
@@ -21,7 +23,7 @@ ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub \
-	lock images clean picture render hub
+	lock images clean picture render hub gpu-check
 
 setup: $(DEV_READY)
 
@@ -142,3 +144,11 @@ lock: $(DEV_READY)
 # Build the lab and grader images and probe them (root with buildah and podman, or Docker).
 images: $(DEV_READY)
 	$(PYTEST) -m container tests/test_images.py -v -s
+
+# The tests marked gpu (and multigpu, which skip below two GPUs), on the real CUDA path. GPU
+# machines often bring their own PyTorch, so this runs PYTHON as it is, with the repository on
+# its path; it needs pytest, pytest-timeout and nbformat beside PyTorch.
+gpu-check:
+	@$(PYTHON) -c 'import sys, torch; n = torch.cuda.device_count(); print(f"gpu-check: {n} CUDA GPU(s), torch {torch.__version__}, Python {sys.version.split()[0]}"); sys.exit(0 if n else "gpu-check: no CUDA GPU here")'
+	MPLBACKEND=Agg DPLAB_OFFLINE=1 PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest \
+		-p no:cacheprovider -m "gpu or multigpu" -v -rs tests/test_gpus.py tests/test_outside_code.py

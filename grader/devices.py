@@ -19,5 +19,7 @@ def grading_mode() -> str:
 
 
 def grading_devices(n: int = 2) -> list[torch.device]:
-    """Return the `n` distinct devices the checks run on (see `grading_mode`)."""
+    """Return the `n` distinct devices the checks run on (see `grading_mode`), with float32
+    computed in full on CUDA, so that a GPU server grades as a laptop does."""
+    devices.exact_float32()
     return devices.lab_devices(n, grading_mode())

@@ -191,15 +191,53 @@ def catalogue(language: str) -> gettext.NullTranslations:
         with path.open("rb") as f:
             return gettext.GNUTranslations(f)
     if sources(language):
-        import io
-
-        from babel.messages.mofile import write_mo
-
-        buffer = io.BytesIO()
-        write_mo(buffer, read_sources(language))
-        buffer.seek(0)
-        return gettext.GNUTranslations(buffer)
+        return _Table(
+            {k: v for path in sources(language) for k, v in po_messages(path).items() if v}
+        )
     return gettext.NullTranslations()
+
+
+class _Table(gettext.NullTranslations):
+    """Translations from a table, as read from `.po` files."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        super().__init__()
+        self._table = table
+
+    def gettext(self, message: str) -> str:
+        return self._table.get(message, message)
+
+
+def po_messages(path: Path) -> dict[str, str]:
+    """Return a `.po` file's translations, msgid to msgstr, read without Babel (which the
+    lab's Python may lack, as on a GPU server's own PyTorch). The lab's catalogues have no
+    plurals and no contexts; their strings use C's escapes, which Python's literals share."""
+    import ast
+
+    table: dict[str, str] = {}
+    entry: dict[str, list[str]] = {}
+    field = None
+
+    def flush() -> None:
+        if "msgid" in entry and "msgstr" in entry and "".join(entry["msgid"]):  # not the header
+            table["".join(entry["msgid"])] = "".join(entry["msgstr"])
+        entry.clear()
+
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            if entry.get("msgstr") is not None and not line:
+                flush()
+            continue
+        if line.startswith(("msgid ", "msgstr ")):
+            field, _, line = line.partition(" ")
+            if field == "msgid" and "msgstr" in entry:
+                flush()
+            entry[field] = []
+        if field and line.startswith('"'):
+            entry[field].append(ast.literal_eval(line))
+    flush()
+    return table
 
 
 def _(message: str) -> str:

@@ -5,6 +5,7 @@ import torch
 
 import dplab
 from dplab.devices import lab_devices, num_gpus
+from dplab.sim.device import backing
 from grader.manifest import load_manifest
 from grader.mistakes import mistakes_of
 from tests.conftest import fresh_solution, grade_in_process
@@ -16,9 +17,16 @@ needs_two = pytest.mark.skipif(num_gpus() < 2, reason="needs two CUDA GPUs")
 @pytest.mark.gpu
 @needs_gpu
 def test_stand_ins_compute_on_the_gpu_when_there_is_one():
-    devices = lab_devices(num_gpus() + 1)
-    assert devices[0] == torch.device("cuda:0")
-    assert devices[-1].type == "cuda"
+    """One GPU: stand-ins (two distinct devices) whose arithmetic runs on it, in full float32;
+    two or more: the GPUs themselves."""
+    devices = lab_devices(2)
+    if num_gpus() >= 2:
+        assert devices == [torch.device("cuda:0"), torch.device("cuda:1")]
+        return
+    assert [d.type for d in devices] == ["sim", "sim"]
+    x = torch.ones(4, 4, device=devices[1]) @ torch.ones(4, 4, device=devices[1])
+    assert x.device == devices[1] and backing(x).device.type == "cuda"
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
 
 
 @pytest.mark.gpu

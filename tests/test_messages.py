@@ -3,6 +3,7 @@ the glossary's terms, and the text the code looks up is a literal that extractio
 
 import ast
 import re
+import sys
 import tomllib
 
 import pytest
@@ -157,5 +158,26 @@ def test_the_compiled_catalogue_says_what_its_sources_say(tmp_path, monkeypatch)
         for entry in i18n.read_sources(LANGUAGE):
             if entry.id:
                 assert compiled.gettext(entry.id) == entry.string
+    finally:
+        i18n.catalogue.cache_clear()
+
+
+def test_the_po_files_read_without_babel_give_babels_translations(monkeypatch, tmp_path):
+    """A checkout used without `make`, or a GPU server's own PyTorch without Babel: the
+    translations come from the `.po` files as they are, the same as the compiled ones."""
+    from grader import i18n
+
+    for language in i18n.LANGUAGES[1:]:
+        babels = {m.id: m.string for m in i18n.read_sources(language) if m.id and m.string}
+        ours = {}
+        for path in i18n.sources(language):
+            ours.update({k: v for k, v in i18n.po_messages(path).items() if v})
+        assert ours == babels
+    monkeypatch.setitem(sys.modules, "babel", None)  # import babel now fails
+    monkeypatch.setattr(i18n, "compiled", lambda language: tmp_path / "never-compiled.mo")
+    i18n.catalogue.cache_clear()
+    try:
+        message = next(iter(babels))
+        assert i18n.translate(i18n.LANGUAGES[1], message) == babels[message] != message
     finally:
         i18n.catalogue.cache_clear()
