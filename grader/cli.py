@@ -79,6 +79,21 @@ def add_limits(p: argparse.ArgumentParser) -> None:
     )
 
 
+def shard_spec(text: str) -> tuple[int, int]:
+    """`I/N` as (I, N), with 0 <= I < N."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        index = count = -1
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(
+            _("{text}: say which slice of how many, as I/N with 0 <= I < N, such as 0/4").format(
+                text=text
+            )
+        )
+    return index, count
+
+
 def limits_of(args: argparse.Namespace) -> Limits:
     return Limits(args.check_timeout, args.timeout, args.memory, args.idle_timeout)
 
@@ -175,11 +190,34 @@ def parser() -> argparse.ArgumentParser:
         help="skip the hidden checks (for a copy of the lab without them)",
     )
     g.add_argument(
+        "--shard",
+        type=shard_spec,
+        metavar="I/N",
+        help="grade only slice I of N of the class (0 <= I < N; the class's ids in sorted "
+        "order, every N-th from the I-th), as one job of N; `merge` joins the slices' reports",
+    )
+    g.add_argument(
         "--regrade",
         action="store_true",
         help="grade every submission again, even those already in the JSON report",
     )
     add_limits(g)
+
+    j = sub.add_parser(
+        "merge", help="join the JSON reports of a class graded in slices (grade --shard)"
+    )
+    j.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="a slice's JSON report")
+    for option, kind, what in (
+        ("--json", Path, "write the whole class's report here"),
+        ("--csv", Path, "write the gradebook here: a row per student, a column per exercise"),
+        (
+            "--gradescope",
+            Path,
+            "write Gradescope's results.json for each submission into DIR/<id>/",
+        ),
+        ("--feedback", Path, "write a feedback file for each submission, DIR/<id>.md"),
+    ):
+        j.add_argument(option, type=kind, help=what)
 
     sub.add_parser("list", help="list the exercises, their notebooks and points")
     m = sub.add_parser("mistakes", help="list the catalogue of known mistakes and their checks")
@@ -273,6 +311,7 @@ def run_grade(args: argparse.Namespace) -> int:
         limits=limits_of(args),
         regrade=args.regrade,
         exercises=args.exercise,
+        shard=args.shard,
     )
     for r in results:
         print(f"{r.id}: {r.score:g}/{r.max_score:g}")
@@ -287,6 +326,26 @@ def run_grade(args: argparse.Namespace) -> int:
     ):
         if where:
             print(written.format(path=where))
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from grader.merge import MergeError, merge
+
+    try:
+        run, results = merge(args.reports)
+    except MergeError as error:
+        print(_("error: {error}").format(error=error), file=sys.stderr)
+        return 2
+    if args.feedback:
+        check_feedback_folder(args.feedback)
+    Outputs(args.json, args.csv, args.gradescope, None, args.feedback, run).write(results, None)
+    for r in results:
+        print(f"{r.id}: {r.score:g}/{r.max_score:g}")
+    print()
+    print(summary_table(results, load_manifest()))
+    print(_("{count} slices joined: {students} submissions").format(
+        count=run["merged"], students=len(results)))  # fmt: skip
     return 0
 
 
@@ -337,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return run_check(args)
+        if args.command == "merge":
+            return run_merge(args)
         return run_grade(args)
     except (FileNotFoundError, KeyError, GradebookError, FeedbackError) as error:
         said = error.args[0] if error.args else error

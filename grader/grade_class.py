@@ -77,6 +77,15 @@ def expand(paths: list[str | Path], manifest: Manifest) -> list[Submission]:
     return subs
 
 
+def one_slice(subs: list[Submission], index: int, count: int) -> list[Submission]:
+    """The submissions of slice `index` of `count` (`grade --shard index/count`): the class's
+    ids in sorted order, every `count`-th from the `index`-th, so that a class always splits
+    the same way and the slices differ by one submission at most."""
+    order = sorted(s.id for s in subs)
+    mine = set(order[index::count])
+    return [s for s in subs if s.id in mine]
+
+
 @cache
 def grader_fingerprint() -> str:
     """Return a hash of the grader's own files: a changed check means new results."""
@@ -112,13 +121,14 @@ class Outputs:
     gradescope: Path | None = None
     nbgrader: Path | None = None  # nbgrader's gradebook.db
     feedback: Path | None = None  # a folder: a Markdown file per student
+    run: dict | None = None  # what the JSON report says of how it was graded (`merge` reads it)
 
     def write(self, results: list[SubmissionResult], just_done: SubmissionResult | None) -> None:
         """Rewrite the reports; write the Gradescope and feedback files of `just_done` (all of
         them if None)."""
         manifest = load_manifest()
         if self.json:
-            write_json(results, self.json)
+            write_json(results, self.json, self.run)
         if self.csv:
             write_atomically(self.csv, gradebook_csv(results, manifest))
         if self.gradescope:
@@ -174,11 +184,22 @@ def grade_class(
     exercises: list[str] | None = None,
     progress: Callable[[int, int, SubmissionResult | None], None] | None = None,
     phases: Phases | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> list[SubmissionResult]:
-    """Grade every submission (see the module docstring) and return the results in order
-    (adding the time each phase took to `phases`, if given)."""
+    """Grade every submission (see the module docstring), or the slice `shard` (index, count)
+    of them, and return the results in order (adding the time each phase took to `phases`,
+    if given)."""
     limits = limits or Limits()
     options = {"seed": seed, "hidden": hidden, "limits": repr(limits)}
+    outputs.run = {
+        "grader": grader_fingerprint(),
+        "options": options,
+        "exercises": sorted(exercises) if exercises else None,
+        "class": [s.id for s in subs],
+        "shard": list(shard or (0, 1)),
+    }
+    if shard:
+        subs = one_slice(subs, *shard)
     subs = [select_exercises(sub, exercises) for sub in subs]
     previous = {r.id: r for r in read_json(outputs.json)} if outputs.json else {}
     results: dict[str, SubmissionResult] = {}

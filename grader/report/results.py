@@ -22,9 +22,10 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_json(results: list[SubmissionResult], path: Path) -> None:
-    """Write the JSON report (docs/grading.md lists its fields)."""
-    payload = {"submissions": [asdict(r) for r in results]}
+def write_json(results: list[SubmissionResult], path: Path, run: dict | None = None) -> None:
+    """Write the JSON report (docs/grading.md lists its fields), with `run`, how it was
+    graded, where given."""
+    payload = ({"run": run} if run else {}) | {"submissions": [asdict(r) for r in results]}
     write_atomically(path, json.dumps(payload, indent=2) + "\n")
 
 
