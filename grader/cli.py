@@ -219,6 +219,15 @@ def parser() -> argparse.ArgumentParser:
     ):
         j.add_argument(option, type=kind, help=what)
 
+    b = sub.add_parser(
+        "gradescope-bundle", help="write Gradescope's autograder zip (docs/grading.md)"
+    )
+    b.add_argument("out", type=Path, metavar="OUT.zip")
+    r = sub.add_parser("gradescope-run", help="grade inside Gradescope (run_autograder calls it)")
+    r.add_argument("submission", type=Path, help="the folder of the student's files")
+    r.add_argument("results", type=Path, help="where Gradescope reads results.json")
+    r.add_argument("--metadata", type=Path, help="Gradescope's submission_metadata.json")
+
     sub.add_parser("list", help="list the exercises, their notebooks and points")
     m = sub.add_parser("mistakes", help="list the catalogue of known mistakes and their checks")
     m.add_argument(
@@ -398,6 +407,16 @@ def main(argv: list[str] | None = None) -> int:
             return run_check(args)
         if args.command == "merge":
             return run_merge(args)
+        if args.command == "gradescope-bundle":
+            from grader.gradescope import write_bundle
+
+            names = write_bundle(args.out)
+            print(_("wrote {path}: {count} files").format(path=args.out, count=len(names)))
+            return 0
+        if args.command == "gradescope-run":
+            from grader.gradescope import run
+
+            return run(args.submission, args.results, args.metadata)
         return run_grade(args)
     except (FileNotFoundError, KeyError, GradebookError, FeedbackError) as error:
         said = error.args[0] if error.args else error

@@ -1,0 +1,95 @@
+"""Gradescope's autograder for the lab.
+
+`python -m grader gradescope-bundle OUT.zip` writes the zip to upload: docker/gradescope/'s
+`setup.sh` and `run_autograder` at its top, with the grader, its hidden checks, the reference
+solutions, dplab, the translations and the lab's lock. Inside Gradescope, `run_autograder`
+calls `python -m grader gradescope-run`, which grades the files in /autograder/submission and
+writes /autograder/results/results.json (Gradescope's format: a score, and a test per check).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+from grader.i18n import _
+from grader.manifest import REPO, load_manifest
+
+# What the autograder needs of the repository (tracked files only: no virtual environment,
+# no students' work, no tests).
+BUNDLED = ("grader", "dplab", "solutions", "exercises", "i18n", "requirements/lab.txt",
+           "pyproject.toml", "LICENSE")  # fmt: skip
+AT_THE_TOP = ("setup.sh", "run_autograder")  # Gradescope looks for these at the zip's top
+
+
+def bundled_files() -> list[str]:
+    """The repository's tracked files that go into the autograder."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--", *BUNDLED], cwd=REPO, capture_output=True, text=True
+    )
+    if listed.returncode != 0 or not listed.stdout.strip():
+        raise FileNotFoundError(
+            _("the autograder is made from a checkout of the lab's repository ({error})").format(
+                error=listed.stderr.strip() or "git ls-files found none of its files"
+            )
+        )
+    return [f for f in listed.stdout.splitlines() if (REPO / f).is_file()]
+
+
+def write_bundle(out: Path) -> list[str]:
+    """Write the autograder's zip to `out`; return the names in it."""
+    names = []
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name in AT_THE_TOP:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o100755 << 16  # executable, as Gradescope runs them
+            z.writestr(info, (REPO / "docker" / "gradescope" / name).read_bytes())
+            names.append(name)
+        for name in bundled_files():
+            z.write(REPO / name, name)
+            names.append(name)
+    return names
+
+
+def student_of(metadata: Path | None) -> str:
+    """The submitter's id from Gradescope's submission_metadata.json (their email), so that each
+    student's random inputs differ; 'submission' where there is none."""
+    try:
+        users = json.loads(Path(metadata).read_text(encoding="utf-8"))["users"]
+        return str(users[0].get("email") or users[0].get("name") or users[0]["id"])
+    except (TypeError, OSError, ValueError, KeyError, IndexError, AttributeError):
+        return "submission"
+
+
+def nothing_to_grade(message: str) -> dict:
+    """results.json for a submission that holds nothing the grader can judge: one message."""
+    return {"score": 0, "output": message, "stdout_visibility": "hidden", "tests": []}
+
+
+def run(submission: Path, results: Path, metadata: Path | None = None, seed: int = 0) -> int:
+    """Grade the files in `submission`; write Gradescope's results.json to `results`."""
+    from grader.grading import grade_submission
+    from grader.load.submission import find_submission
+    from grader.report.exports import gradescope_results
+    from grader.report.results import write_atomically
+
+    manifest = load_manifest()
+    sub = find_submission(submission, manifest)
+    notebooks = ", ".join(manifest.notebooks)
+    found = {p for p in sub.notebooks.values()}
+    if not found:
+        uploaded = sorted(p.name for p in Path(submission).rglob("*") if p.is_file())
+        said = _(
+            "This submission holds none of the lab's notebooks ({notebooks}); it has: {files}. "
+            "Upload those notebooks, with the names they have in the lab."
+        ).format(notebooks=notebooks, files=", ".join(uploaded) or _("no files"))
+        write_atomically(results, json.dumps(nothing_to_grade(said), indent=2) + "\n")
+        print(said)
+        return 0
+    sub.id = student_of(metadata)
+    result = grade_submission(sub, seed=seed, hidden=True)
+    write_atomically(results, json.dumps(gradescope_results(result), indent=2) + "\n")
+    print(f"{result.id}: {result.score:g}/{result.max_score:g}")
+    return 0

@@ -1,0 +1,116 @@
+"""Gradescope's autograder: the zip `gradescope-bundle` writes, unpacked as Gradescope lays it
+out (/autograder/source, submission/, results/), and its run_autograder run for a complete, a
+broken and a wrong submission. The results must be what `grade` gives the same notebooks.
+
+(The zip's setup.sh, which installs the lab's lock, runs inside a container under Gradescope's
+limits in `make images`; here run_autograder uses this checkout's Python.)"""
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+
+import nbformat
+import pytest
+
+from grader.bench import make_class
+from tests.conftest import python
+
+pytestmark = pytest.mark.slow
+VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundle") / "autograder.zip"
+    done = subprocess.run([python(), "-m", "grader", "gradescope-bundle", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def autograde(bundle, tmp_path, files, email="ann@example.org") -> dict:
+    """Unpack the zip as Gradescope does, put `files` in submission/, run run_autograder."""
+    root = tmp_path / "autograder"
+    for folder in ("source", "submission", "results"):
+        (root / folder).mkdir(parents=True)
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+    for name in ("setup.sh", "run_autograder"):
+        (root / "source" / name).chmod(0o755)
+    for f in files:
+        shutil.copy(f, root / "submission" / f.name)
+    (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": email}]}))
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=python())
+    done = subprocess.run([str(root / "source" / "run_autograder")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def graded(folder) -> dict:
+    """`python -m grader grade` of a folder of notebooks: its one submission's report."""
+    out = folder.parent / f"{folder.name}.json"
+    done = subprocess.run([python(), "-m", "grader", "grade", str(folder), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())["submissions"][0]
+
+
+def same_as_grade(results: dict, report: dict) -> None:
+    assert results["score"] == report["score"]
+    for test in results["tests"]:
+        assert set(test) >= {"name", "score", "max_score", "output", "visibility"}
+        assert test["visibility"] in VISIBILITY
+    by_check = {
+        f"{e['name']}: {c['name']}": (c["points"], c["max_points"], c["hidden"])
+        for e in report["exercises"]
+        for c in e["checks"]
+    }
+    assert {
+        t["name"]: (t["score"], t["max_score"], t["visibility"] == "hidden")
+        for t in results["tests"]
+    } == by_check
+
+
+def test_the_zip_has_gradescopes_scripts_at_its_top_and_no_private_folder(bundle):
+    with zipfile.ZipFile(bundle) as z:
+        names = z.namelist()
+        modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
+    assert names[:2] == ["setup.sh", "run_autograder"]
+    assert modes["run_autograder"] & 0o111 and modes["setup.sh"] & 0o111
+    assert "requirements/lab.txt" in names and "grader/manifest.toml" in names
+    assert any(n.startswith("grader/hidden/") for n in names)  # the instructor's own zip
+    assert any(n.startswith("solutions/") for n in names)
+    assert not [n for n in names if n.startswith(("tests/", ".venv/", ".git/", "work/"))]
+
+
+def test_a_complete_submission_gets_what_grade_gives(bundle, tmp_path):
+    make_class(tmp_path / "class", 1)  # student01: the reference solutions
+    mine = tmp_path / "ann@example.org"
+    (tmp_path / "class" / "student01" / "multigpu").rename(mine)
+    results = autograde(bundle, tmp_path, sorted(mine.glob("*.ipynb")))
+    report = graded(mine)
+    assert results["score"] == report["max_score"] > 0
+    same_as_grade(results, report)
+
+
+def test_a_broken_submission_loses_only_its_checks_as_in_grade(bundle, tmp_path):
+    make_class(tmp_path / "class", 3)  # student03: two catalogued mistakes
+    mine = tmp_path / "bo@example.org"
+    (tmp_path / "class" / "student03" / "multigpu").rename(mine)
+    results = autograde(bundle, tmp_path, sorted(mine.glob("*.ipynb")), email="bo@example.org")
+    report = graded(mine)
+    assert 0 < results["score"] < report["max_score"]
+    same_as_grade(results, report)
+
+
+def test_the_wrong_notebooks_get_one_clear_message(bundle, tmp_path):
+    homework = tmp_path / "homework1.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('hello')")])
+    nbformat.write(nb, homework)
+    results = autograde(bundle, tmp_path, [homework])
+    assert results["score"] == 0 and results["tests"] == []
+    assert results["output"].startswith("This submission holds none of the lab's notebooks")
+    assert "from_scratch.ipynb" in results["output"] and "homework1.ipynb" in results["output"]
