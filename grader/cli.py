@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from grader import i18n
-from grader.grade_class import Outputs, expand, grade_class
+from grader.grade_class import Outputs, expand, grade_class, one_slice
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
 from grader.i18n import _
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
@@ -299,13 +299,14 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.feedback:
         check_feedback_folder(args.feedback)
     subs = expand(args.submissions, manifest)
+    graded_here = one_slice(subs, *args.shard) if args.shard else subs
     terminal = sys.stdout  # (a reference's cells print into a buffer while they load)
-    if subs:  # what judging needs, loaded while the fork server may still be importing
-        prefetch(subs[0], references=not args.public_only)
+    if graded_here:  # what judging needs, loaded while the fork server may still be importing
+        prefetch(graded_here[0], references=not args.public_only)
     fence = children_fence(fork_server())
     print(
         _("grading {count} submission(s), {jobs} at a time; sandbox: {sandbox}").format(
-            count=len(subs), jobs=args.jobs, sandbox=fence.described()
+            count=len(graded_here), jobs=args.jobs, sandbox=fence.described()
         ),
         file=terminal,
         flush=True,

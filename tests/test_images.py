@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -567,3 +568,65 @@ def test_the_compose_hub_serves_a_class_its_labs_and_nbgraders_exchange(compose_
         assert submitted.status_code == 200 and '"success": false' not in submitted.text
     nbgrader(course, "collect", "multigpu", f"--Exchange.root={exchange}")
     assert {p.name for p in (course / "submitted").iterdir()} == set(students)
+
+
+# ---- Gradescope's autograder in a container, under Gradescope's limits --------------------
+
+# Gradescope gives an autograder half a CPU and 768 MB by default. Grading the three notebooks
+# peaks at about 1.8 GB (the distributed notebook's process groups), so the autograder's memory
+# must be raised to 2 GB in Gradescope's Autograder Settings (docs/grading.md): the test runs
+# with half a CPU, as Gradescope's default, and that memory.
+GRADESCOPE_CPUS, GRADESCOPE_MEMORY = "0.5", "2g"
+
+
+@pytest.fixture(scope="module")
+def autograder(images, tmp_path_factory):
+    """The zip of `gradescope-bundle` unpacked as Gradescope does, and its setup.sh run in a
+    container of the base image (Python, nothing else), as Gradescope builds its image."""
+    base = check("base").stdout.strip()
+    folder = tmp_path_factory.mktemp("gradescope")
+    bundle = folder / "autograder.zip"
+    done = subprocess.run([python(), "-m", "grader", "gradescope-bundle", str(bundle)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    root = folder / "autograder"
+    for sub in ("source", "submission", "results"):
+        (root / sub).mkdir(parents=True)
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+    for name in ("setup.sh", "run_autograder"):
+        (root / "source" / name).chmod(0o755)
+    began = time.monotonic()
+    setup = run(base, "bash", "/autograder/source/setup.sh",
+                options=("-v", f"{root}:/autograder"), timeout=1800)  # fmt: skip
+    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    print(f"Gradescope's setup.sh: {time.monotonic() - began:.0f} s")
+    yield base, root
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("student", ["student01", "student03"])  # complete; two mistakes
+def test_gradescope_grades_within_its_limits_as_grade_does(autograder, student, tmp_path):
+    from tests.test_gradescope import graded, same_as_grade
+
+    base, root = autograder
+    make_class(tmp_path / "class", 3)
+    email = f"{student}@example.org"
+    mine = tmp_path / email
+    (tmp_path / "class" / student / "multigpu").rename(mine)
+    for old in (root / "submission").iterdir():
+        old.unlink()
+    for notebook in mine.glob("*.ipynb"):
+        shutil.copy(notebook, root / "submission" / notebook.name)
+    (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": email}]}))
+    began = time.monotonic()
+    done = run(
+        base, "timeout", "600", "/autograder/source/run_autograder",
+        options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
+                 "--memory", GRADESCOPE_MEMORY, "--memory-swap", GRADESCOPE_MEMORY),
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    print(f"Gradescope's run_autograder for {student}: {time.monotonic() - began:.0f} s")
+    results = json.loads((root / "results" / "results.json").read_text())
+    same_as_grade(results, graded(mine))
