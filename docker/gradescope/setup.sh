@@ -19,3 +19,5 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check \
     -r "$source/requirements/lab.txt"
 "$venv/bin/python" -c 'import torch, nbformat; print("setup.sh: torch", torch.__version__)'
+# Gradescope's default memory, 768 MB, is too little: grading peaks at about 1.8 GB.
+echo "setup.sh: in this assignment's Autograder Settings, give the autograder 2 GB of memory or more"
