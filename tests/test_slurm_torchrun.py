@@ -37,7 +37,8 @@ def trained():
             env = dict(slurm.env, PYTHON=python(), NOTEBOOK=NOTEBOOK, NPROC="1",
                        TRAIN_ARGS="--epochs 1 --batch-size 64 --lr 0.3",
                        DPLAB_DATA_SOURCE="sample", DPLAB_DATA_LIMIT="256,128", DPLAB_OFFLINE="1",
-                       GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # fmt: skip
+                       GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+                       DPLAB_FIGURE_DIR=str(root))  # fmt: skip
             # One node here: both tasks on it. The options on sbatch's command line override
             # the script's #SBATCH lines (--nodes=2 --ntasks-per-node=1 --cpus-per-task=8).
             slurm.env = env
