@@ -4,7 +4,8 @@
 #   make hub    JupyterHub for a class on this machine (docs/hub.md)
 # and, for people who write exercises or maintain the lab:
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
-#   make bench-grade, bench-notebooks, bench-distributed, bench-hub   figures, printed (never tested)
+#   make bench-grade, bench-notebooks, bench-distributed, bench-hub, bench-shards   figures, printed
+#                    (never tested)
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
 #   make picture     redraw the README's picture (docs/check-in-the-lab.png) from a real check
 #   make render LANG=zh_CN   run a language's notebooks on the sample, as HTML in build/render/
@@ -22,7 +23,7 @@ PORT ?= 8888
 ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub \
+.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub bench-shards \
 	lock images clean picture render hub gpu-check
 
 setup: $(DEV_READY)
@@ -124,6 +125,11 @@ bench-notebooks: $(DEV_READY)
 STUDENTS ?= 8
 bench-hub: $(DEV_READY) $(CATALOGUES) $(PROXY)
 	$(BIN)/python hub/bench.py --students $(STUDENTS)
+
+# A class of 20 graded here, and as a Slurm job array of 1, 2 and 4 slices on a one-node
+# cluster that it starts (root, slurm-wlm and munge).
+bench-shards: $(DEV_READY) $(CATALOGUES)
+	$(BIN)/python -m tests.bench_shards
 
 # All-reduce bus bandwidth of the ring, per-parameter, bucketed and torch's own, 4 KiB to 64 MiB.
 bench-distributed: $(DEV_READY)
