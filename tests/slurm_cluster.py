@@ -1,4 +1,4 @@
-"""A real one-node Slurm cluster for the tests: munged on its usual socket, and slurmctld and
+"""A real one-node Slurm cluster for the tests: a munged of its own, and slurmctld and
 slurmd on a configuration of their own (free ports; settings, state and logs in one folder).
 This machine is the controller and the only node, in the partition `lab`, with one stand-in
 GPU (/dev/null in gres.conf, so that `--gres=gpu:1` is granted as on a GPU node).
@@ -10,6 +10,7 @@ GPU (/dev/null in gres.conf, so that `--gres=gpu:1` is granted as on a GPU node)
 
 Needs root and `apt install slurm-wlm munge`; `cluster_missing` says which is lacking."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -48,40 +49,47 @@ def free_port() -> int:
 
 
 class Munge:
-    """munged on its usual socket, which Slurm's tools use: the one running, or one started
-    here as the `munge` user (and stopped again by `stop`)."""
+    """A munged of this cluster's own, as the `munge` user, with its key, socket and log in
+    `folder`: test modules that run side by side (pytest-xdist) each start a cluster, and one
+    stopping a shared munged would cut the others' jobs off from it."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.socket = folder / "munge.socket"
         self.started = False
 
     def answers(self) -> bool:
-        made = subprocess.run([tool("munge"), "-n"], capture_output=True)
-        read = subprocess.run([tool("unmunge")], input=made.stdout, capture_output=True)
+        where = f"--socket={self.socket}"
+        made = subprocess.run([tool("munge"), where, "-n"], capture_output=True)
+        read = subprocess.run([tool("unmunge"), where], input=made.stdout, capture_output=True)
         return made.returncode == 0 and read.returncode == 0
 
     def start(self) -> None:
-        if self.answers():
-            return
-        for folder, mode in (("/etc/munge", 0o700), ("/var/lib/munge", 0o711),
-                             ("/var/log/munge", 0o700), ("/run/munge", 0o755)):  # fmt: skip
-            if not os.path.isdir(folder):
-                os.makedirs(folder, mode)
-                shutil.chown(folder, "munge", "munge")
+        self.folder.mkdir(mode=0o755)
+        shutil.chown(self.folder, "munge", "munge")
         as_munge = ["runuser", "-u", "munge", "--"]
-        if not os.path.exists("/etc/munge/munge.key"):
-            subprocess.run([*as_munge, tool("mungekey"), "--create"], check=True)
-        subprocess.run([*as_munge, tool("munged")], check=True, capture_output=True)
+        key = self.folder / "munge.key"
+        subprocess.run([*as_munge, tool("mungekey"), "--create", f"--keyfile={key}"],
+                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*as_munge, tool("munged"), "--force", f"--socket={self.socket}",
+             f"--key-file={key}", f"--pid-file={self.folder / 'munged.pid'}",
+             f"--log-file={self.folder / 'munged.log'}",
+             f"--seed-file={self.folder / 'munged.seed'}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
         self.started = True
         deadline = time.monotonic() + 10
         while not self.answers():
             if time.monotonic() > deadline:
-                raise RuntimeError("munged did not answer in 10 s: see /var/log/munge/munged.log")
+                log = self.folder / "munged.log"
+                raise RuntimeError(f"munged did not answer in 10 s: {log.read_text()[-500:]}")
             time.sleep(0.2)
 
     def stop(self) -> None:
         if self.started:
-            subprocess.run(["runuser", "-u", "munge", "--", tool("munged"), "--stop"],
-                           capture_output=True)  # fmt: skip
+            subprocess.run(["runuser", "-u", "munge", "--", tool("munged"), "--stop",
+                            f"--socket={self.socket}"], capture_output=True)  # fmt: skip
 
 
 class Slurm:
@@ -109,6 +117,7 @@ class Slurm:
             f"ClusterName=labtest\nSlurmctldHost={self.node}\nSlurmUser=root\n"
             f"SlurmctldPort={free_port()}\nSlurmdPort={free_port()}\n"
             "AuthType=auth/munge\nCredType=cred/munge\n"
+            f"AuthInfo=socket={f}/munge/munge.socket\n"
             f"StateSaveLocation={f}/state\nSlurmdSpoolDir={f}/spool\n"
             f"SlurmctldPidFile={f}/slurmctld.pid\nSlurmdPidFile={f}/slurmd.pid\n"
             f"SlurmctldLogFile={f}/slurmctld.log\nSlurmdLogFile={f}/slurmd.log\n"
@@ -163,6 +172,29 @@ class Slurm:
                          for p in sorted(self.folder.glob("*.log")))  # fmt: skip
 
     def stop(self) -> None:
+        # Jobs first, so that none is left running without its daemons; then whatever of
+        # theirs still lives (a job step whose authentication failed, say) is killed by the
+        # cluster's configuration in its environment.
+        jobs = subprocess.run([tool("squeue"), "-h", "-o", "%A"], env=self.env,
+                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        if jobs:
+            subprocess.run([tool("scancel"), *jobs], env=self.env, capture_output=True)
+            time.sleep(1)
+        self._stop_daemons()
+        for pid in self._processes_of_its_jobs():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _processes_of_its_jobs(self) -> list[int]:
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            with contextlib.suppress(OSError):
+                if mark in environ.read_bytes().split(b"\0"):
+                    found.append(int(environ.parent.name))
+        return [pid for pid in found if pid != os.getpid()]
+
+    def _stop_daemons(self) -> None:
         for path in reversed(self.pids):  # slurmd, then slurmctld
             try:
                 pid = int(path.read_text())
@@ -182,12 +214,12 @@ class Slurm:
 
 @contextmanager
 def one_node_cluster(folder: Path | None = None) -> Iterator[Slurm]:
-    """Start munged (unless one answers) and a one-node cluster in `folder` (a new temporary
+    """Start a munged and a one-node cluster in `folder` (a new temporary
     folder if None, removed afterwards); stop them on leaving. Ask `cluster_missing` first."""
     made = folder is None
     folder = Path(tempfile.mkdtemp(prefix="lab-slurm-")) if folder is None else Path(folder)
     folder.chmod(0o755)  # other accounts' sbatch (the hub's students) read slurm.conf
-    munge, cluster = Munge(), Slurm(folder)
+    munge, cluster = Munge(folder / "munge"), Slurm(folder)
     try:
         munge.start()
         cluster.start()
