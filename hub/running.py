@@ -77,7 +77,9 @@ def _runs_as_nobody(python: str) -> bool:
 
 
 class Hub:
-    """A hub started with hub/jupyterhub_config.py and the given settings."""
+    """A hub started with `config` (hub/jupyterhub_config.py) and the given settings."""
+
+    config = HERE / "jupyterhub_config.py"
 
     def __init__(self, folder: Path, students: list[str], **settings: str) -> None:
         self.folder = folder
@@ -100,7 +102,7 @@ class Hub:
     def start(self, timeout: float = 60) -> None:
         self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(HERE / "jupyterhub_config.py")],
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
             cwd=self.folder, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip

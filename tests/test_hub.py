@@ -25,6 +25,14 @@ import running  # noqa: E402
 pytestmark = pytest.mark.slow
 STUDENTS = ["ann", "bo"]
 NOTEBOOKS = {"concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"}
+# A right try_gpu and its check, as a student runs them in their lab.
+A_RIGHT_TRY_GPU_CHECKED = (
+    "import torch\nfrom grader import check\n"
+    "def try_gpu(i=0):\n"
+    "    return torch.device(f'cuda:{i}') if torch.cuda.device_count() > i else "
+    "torch.device('cpu')\n"
+    "check('try_gpu', try_gpu)\n"
+)
 
 
 def started_hub(tmp_path_factory, **extra: str):
@@ -127,13 +135,7 @@ def test_a_student_cannot_reach_anothers_lab(labs):
 
 
 def test_a_check_runs_inside_a_students_lab(labs):
-    said = labs["ann"].run(
-        "import torch\nfrom grader import check\n"
-        "def try_gpu(i=0):\n"
-        "    return torch.device(f'cuda:{i}') if torch.cuda.device_count() > i else "
-        "torch.device('cpu')\n"
-        "check('try_gpu', try_gpu)\n"
-    )
+    said = labs["ann"].run(A_RIGHT_TRY_GPU_CHECKED)
     assert "try_gpu" in said and "Traceback" not in said, said
     assert "2 of 2 public checks passed" in said, said
 

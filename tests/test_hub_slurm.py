@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
@@ -23,34 +22,17 @@ sys.path.insert(0, str(REPO / "hub"))
 import running  # noqa: E402
 
 from tests.slurm_cluster import cluster_missing, one_node_cluster  # noqa: E402
+from tests.test_hub import A_RIGHT_TRY_GPU_CHECKED, NOTEBOOKS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CONFIG = REPO / "docs" / "hub" / "slurm_config.py"
 STUDENT = "ann"
-NOTEBOOKS = {"concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"}
 
 
 class SlurmHub(running.Hub):
     """running.Hub started with docs/hub/slurm_config.py instead of hub/jupyterhub_config.py."""
 
-    def start(self, timeout: float = 60) -> None:
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)],
-            cwd=self.folder, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the hub stopped at start:\n{self.log_text()[-3000:]}")
-            try:
-                if requests.get(self.base + "/hub/api", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"the hub did not answer in {timeout} s:\n{self.log_text()[-3000:]}")
+    config = CONFIG
 
 
 def lend_singleuser(python: str) -> None:
@@ -140,13 +122,7 @@ def test_the_job_holds_what_the_hub_asks_for(slurm, hub, lab):
 
 
 def test_a_check_runs_inside_the_job(lab):
-    said = lab.run(
-        "import torch\nfrom grader import check\n"
-        "def try_gpu(i=0):\n"
-        "    return torch.device(f'cuda:{i}') if torch.cuda.device_count() > i else "
-        "torch.device('cpu')\n"
-        "check('try_gpu', try_gpu)\n"
-    )
+    said = lab.run(A_RIGHT_TRY_GPU_CHECKED)
     assert "try_gpu" in said and "Traceback" not in said, said
     assert "2 of 2 public checks passed" in said, said
 

@@ -383,6 +383,18 @@ def test_torchrun_trains_in_the_lab_image(images, tmp_path):
 # ---- a class's hub: each student's lab a container of the lab image ----------------------
 
 
+def podman_socket(folder: Path) -> tuple[subprocess.Popen, Path]:
+    """podman's Docker-compatible API served on a socket in `folder` (`docker/check socket`),
+    once the socket is there: the service, to terminate, and the socket."""
+    socket_path = folder / "engine.sock"
+    service = subprocess.Popen([CHECK, "socket", str(socket_path)], cwd=REPO)
+    for _ in range(100):
+        if socket_path.exists():
+            break
+        time.sleep(0.2)
+    return service, socket_path
+
+
 @pytest.fixture(scope="module")
 def container_hub(images, tmp_path_factory):
     """hub/jupyterhub_config.py with DockerSpawner, on Docker's socket or on podman's (served
@@ -400,12 +412,7 @@ def container_hub(images, tmp_path_factory):
                 "HUB_CPU_LIMIT": "1", "HUB_CONNECT_IP": "host.containers.internal"}  # fmt: skip
     service = None
     if check("engine").stdout.strip() == "podman":
-        socket_path = folder / "engine.sock"
-        service = subprocess.Popen([CHECK, "socket", str(socket_path)], cwd=REPO)
-        for _ in range(100):
-            if socket_path.exists():
-                break
-            time.sleep(0.2)
+        service, socket_path = podman_socket(folder)
         settings["DOCKER_HOST"] = f"unix://{socket_path}"
     else:
         settings["HUB_CONNECT_IP"] = "host.docker.internal"
@@ -510,12 +517,7 @@ def compose_hub(images, tmp_path_factory):
     exchange.chmod(0o1777)
     service = None
     if engine == "podman":
-        socket_path = folder / "engine.sock"
-        service = subprocess.Popen([CHECK, "socket", str(socket_path)], cwd=REPO)
-        for _ in range(100):
-            if socket_path.exists():
-                break
-            time.sleep(0.2)
+        service, socket_path = podman_socket(folder)
         env["HUB_SOCKET"] = str(socket_path)
     hub = running.Hub.__new__(running.Hub)  # started by compose, driven as any other
     hub.base, hub.state = f"http://127.0.0.1:{env['HUB_PORT']}", classroom

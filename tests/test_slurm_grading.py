@@ -4,7 +4,6 @@ waits for both. The merged report equals a grade of the whole class on this mach
 check, and the gradebook and Gradescope's folders hold every student. Needs root and
 `apt install slurm-wlm munge`; a bad call of the script is refused everywhere."""
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -17,6 +16,7 @@ import pytest
 from grader.bench import make_class
 from tests.conftest import python
 from tests.slurm_cluster import cluster_missing, one_node_cluster
+from tests.test_shards import checks
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -25,19 +25,6 @@ ONLY = ["-e", "allreduce", "-e", "split_batch", "-e", "train_batch"]
 STUDENTS = ["student01", "student02", "student03", "student04"]
 USAGE = "usage: docs/slurm/grade-class.sh SUBMITTED N [OUT]"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
-
-
-def checks(report: Path) -> dict[str, list[tuple[str, str, bool, float]]]:
-    """Every check's verdict and points, per student, in the report's order."""
-    data = json.loads(report.read_text())
-    return {
-        s["id"]: [
-            (e["name"], c["name"], c["passed"], c["points"])
-            for e in s["exercises"]
-            for c in e["checks"]
-        ]
-        for s in data["submissions"]
-    }
 
 
 def script(*args: str, env=None) -> subprocess.CompletedProcess:
