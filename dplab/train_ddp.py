@@ -48,7 +48,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=256, help=_("the global batch"))
     parser.add_argument("--lr", type=float, default=1.0)
-    parser.add_argument("--data", choices=["auto", "full", "sample"], default="auto")
+    parser.add_argument(
+        "--data",
+        choices=["auto", "full", "sample"],
+        default=None,
+        help=_("which Fashion-MNIST to train on [DPLAB_DATA_SOURCE, else auto]"),
+    )
     parser.add_argument(
         "--subset",
         type=int,

@@ -81,3 +81,11 @@ def test_rank_0_prints_the_summary_once_for_two_processes(trained):
     log = trained["log"]
     summaries = [line for line in log.splitlines() if "test acc: " in line]
     assert len(summaries) == 1 and SUMMARY.match(summaries[0]), log
+
+
+def test_the_ranks_train_on_the_data_the_job_asked_for(trained):
+    """DPLAB_DATA_SOURCE=sample reaches train_ddp's data: no rank reads the full set, even
+    where the dataset-fashion-mnist package is installed."""
+    log = trained["log"]
+    loaded = [line for line in log.splitlines() if re.match(r"^[01]: Fashion-MNIST: ", line)]
+    assert loaded and not [line for line in loaded if "60,000" in line], log
