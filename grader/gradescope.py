@@ -14,6 +14,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+from grader import i18n
 from grader.i18n import _
 from grader.manifest import REPO, load_manifest
 
@@ -63,6 +64,29 @@ def student_of(metadata: Path | None) -> str:
         return "submission"
 
 
+# Folders that hold no one's work: Jupyter's autosaves, macOS's zip metadata, version control.
+NOT_WORK = (".ipynb_checkpoints", "__MACOSX", ".git")
+
+
+def notebook_folder(submission: Path, notebooks: list[str]) -> Path:
+    """The folder under `submission` to grade: the one with the most of the lab's notebooks by
+    name (nearest the top on a tie), then the nearest with any notebook. A student who zips
+    `work/` rather than its notebooks is graded the same."""
+    found: dict[Path, list[str]] = {}
+    for path in sorted(submission.rglob("*.ipynb")):
+        relative = path.relative_to(submission).parts
+        if path.is_file() and not set(relative[:-1]) & set(NOT_WORK):
+            found.setdefault(path.parent, []).append(path.name)
+    if not found:
+        return submission
+
+    def rank(folder: Path) -> tuple[int, int]:
+        named = sum(name in notebooks for name in found[folder])
+        return -named, len(folder.relative_to(submission).parts)
+
+    return min(found, key=rank)
+
+
 def nothing_to_grade(message: str) -> dict:
     """results.json for a submission that holds nothing the grader can judge: one message."""
     return {"score": 0, "output": message, "stdout_visibility": "hidden", "tests": []}
@@ -76,11 +100,22 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
     from grader.report.results import write_atomically
 
     manifest = load_manifest()
-    sub = find_submission(submission, manifest)
+    submission = Path(submission)
+    folder = notebook_folder(submission, list(manifest.notebooks))
+    sub = find_submission(folder, manifest)
+    if folder != submission and sub.notebooks:
+        with i18n.speaking(sub.language):
+            sub.notes.insert(
+                0,
+                _("The notebooks graded are those in {folder} of your upload.").format(
+                    folder=folder.relative_to(submission).as_posix()
+                ),
+            )
     notebooks = ", ".join(manifest.notebooks)
-    found = {p for p in sub.notebooks.values()}
-    if not found:
-        uploaded = sorted(p.name for p in Path(submission).rglob("*") if p.is_file())
+    if not sub.notebooks:
+        uploaded = sorted(
+            p.relative_to(submission).as_posix() for p in submission.rglob("*") if p.is_file()
+        )
         said = _(
             "This submission holds none of the lab's notebooks ({notebooks}); it has: {files}. "
             "Upload those notebooks, with the names they have in the lab."

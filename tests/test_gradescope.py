@@ -40,7 +40,10 @@ def autograde(bundle, tmp_path, files, email="ann@example.org") -> dict:
     for name in ("setup.sh", "run_autograder"):
         (root / "source" / name).chmod(0o755)
     for f in files:
-        shutil.copy(f, root / "submission" / f.name)
+        if f.is_dir():
+            shutil.copytree(f, root / "submission" / f.name)
+        else:
+            shutil.copy(f, root / "submission" / f.name)
     (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": email}]}))
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=python())
     done = subprocess.run([str(root / "source" / "run_autograder")], env=env,
@@ -114,3 +117,22 @@ def test_the_wrong_notebooks_get_one_clear_message(bundle, tmp_path):
     assert results["score"] == 0 and results["tests"] == []
     assert results["output"].startswith("This submission holds none of the lab's notebooks")
     assert "from_scratch.ipynb" in results["output"] and "homework1.ipynb" in results["output"]
+
+
+def test_notebooks_zipped_in_their_folders_get_the_same_grade(bundle, tmp_path):
+    """A student who zips `work/` (Gradescope unpacks it into submission/work/multigpu/),
+    with Jupyter's checkpoints and macOS's metadata beside it, is graded as if they had
+    uploaded the notebooks themselves, and told which folder was graded."""
+    make_class(tmp_path / "class", 3)
+    mine = tmp_path / "class" / "student03" / "multigpu"
+    upload = tmp_path / "upload"
+    shutil.copytree(mine, upload / "work" / "multigpu")
+    checkpoints = upload / "work" / "multigpu" / ".ipynb_checkpoints"
+    checkpoints.mkdir()
+    for notebook in mine.glob("*.ipynb"):  # older saves, named as the lab's notebooks
+        shutil.copy(notebook, checkpoints / notebook.name)
+    (upload / "__MACOSX" / "work" / "multigpu").mkdir(parents=True)
+    (upload / "__MACOSX" / "work" / "multigpu" / "from_scratch.ipynb").write_bytes(b"\0\5\26\7")
+    results = autograde(bundle, tmp_path, [upload / "work", upload / "__MACOSX"])
+    same_as_grade(results, graded(mine))
+    assert "The notebooks graded are those in work/multigpu of your upload." in results["output"]
