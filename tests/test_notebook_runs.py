@@ -178,6 +178,20 @@ def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
+def test_each_check_cell_shows_each_report_once(which, request):
+    """A cell shows one report per `check(...)` it calls (public, then hidden), and the
+    notebook says the stand-in note at most once: output printed before the ranks are forked
+    is not sent again by each of them."""
+    nb = request.getfixturevalue(which)
+    for exercise_id, cell in check_cells(nb).items():
+        reports = [line for line in text_of(cell).splitlines() if line.startswith(exercise_id)]
+        assert len(reports) == cell.source.count("check("), text_of(cell)
+    notes = "".join(text_of(c) for c in nb.cells).count("so the lab gives you stand-in devices")
+    assert notes <= 1
+
+
+@pytest.mark.slow
 def test_concise_runs_and_counts_the_books_parameters(concise):
     nb = concise
     outputs = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")

@@ -98,7 +98,22 @@ def _after_fork_in_child() -> None:
             setattr(sys, name, current.real)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _before_fork() -> None:
+    """Send on what this process has printed before a copy of it starts. A forked process (a
+    rank, a loader worker) inherits output not yet sent and sends it again when it flushes:
+    in a Jupyter kernel, which sends output on a timer, a check cell showed its report once
+    per rank forked after it was printed."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, _PerThread):
+            stream = stream.real  # a capture's buffer is the child's to drop, not to send
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed, or no stream at all
+            pass
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class ReaderGone(io.TextIOBase):
