@@ -46,6 +46,17 @@ def test_mixing_two_stand_ins_fails_as_on_gpus():
         torch.ones(2, device=D0) + torch.ones(2)
 
 
+def test_a_misspelt_method_fails_with_a_gpu_tensors_message():
+    """`w.require_grad_()` (the seeds' typo) says what it says on a GPU, so the error a
+    student reads and the hint keyed to it are the same on stand-ins."""
+    for tensor in (torch.ones(2), torch.ones(2, device=D1)):
+        with pytest.raises(AttributeError) as raised:
+            tensor.require_grad_()
+        assert str(raised.value) == "'Tensor' object has no attribute 'require_grad_'"
+        assert (raised.value.name, raised.value.obj) == ("require_grad_", tensor)
+    assert not hasattr(torch.ones(2, device=D1), "devices")
+
+
 def test_a_conv2d_across_stand_ins_fails_and_on_one_works():
     X = torch.randn(2, 1, 28, 28)
     W = torch.randn(20, 1, 3, 3)

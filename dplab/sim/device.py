@@ -56,6 +56,11 @@ class StandInTensor(torch.Tensor):
     def device(self) -> torch.device:
         return torch.device(TYPE, self.index)
 
+    def __getattr__(self, name: str):
+        # Only for a name that does not exist (a typo such as `require_grad_`): the message a
+        # GPU's tensor gives, so that the error and the hint keyed to it are the same here.
+        raise AttributeError(f"'Tensor' object has no attribute '{name}'", name=name, obj=self)
+
     def __repr__(self, *, tensor_contents=None) -> str:
         with torch._C.DisableTorchFunctionSubclass():
             text = repr(self.backing.detach())
