@@ -227,6 +227,14 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("submission", type=Path, help="the folder of the student's files")
     r.add_argument("results", type=Path, help="where Gradescope reads results.json")
     r.add_argument("--metadata", type=Path, help="Gradescope's submission_metadata.json")
+    st = sub.add_parser(
+        "gradescope-stopped",
+        help="where gradescope-run ended without results, write results.json that says why",
+    )
+    st.add_argument("submission", type=Path, help="the folder of the student's files")
+    st.add_argument("results", type=Path, help="where Gradescope reads results.json")
+    st.add_argument("--exit-code", type=int, required=True, help="gradescope-run's exit code")
+    st.add_argument("--log", type=Path, help="what gradescope-run printed")
 
     sub.add_parser("list", help="list the exercises, their notebooks and points")
     m = sub.add_parser("mistakes", help="list the catalogue of known mistakes and their checks")
@@ -418,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             from grader.gradescope import run
 
             return run(args.submission, args.results, args.metadata)
+        if args.command == "gradescope-stopped":
+            from grader.gradescope import stopped
+
+            if said := stopped(args.submission, args.results, args.exit_code, args.log):
+                print(said)
+            return 0
         return run_grade(args)
     except (FileNotFoundError, KeyError, GradebookError, FeedbackError) as error:
         said = error.args[0] if error.args else error

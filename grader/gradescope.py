@@ -130,3 +130,70 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
     write_atomically(results, json.dumps(gradescope_results(result), indent=2) + "\n")
     print(f"{result.id}: {result.score:g}/{result.max_score:g}")
     return 0
+
+
+KILLED = (137, -9)  # a shell's and Python's codes for a process ended by SIGKILL
+
+
+def memory_limit() -> int | None:
+    """The bytes of memory this container may use (its cgroup's limit), None where unlimited
+    or unknown."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # cgroup v1 says "unlimited" with 2**63
+            return int(text)
+    return None
+
+
+def stopped(
+    submission: Path, results: Path, code: int, log: Path | None = None, seed: int = 0
+) -> str:
+    """Where `gradescope-run` ended without writing results.json (killed, or crashed), write one
+    that says so, why where it can tell, and what the instructor can do; return what it says.
+    Results the grader did write are left alone."""
+    from grader.load.submission import submission_language
+    from grader.report.results import write_atomically
+
+    if results.exists():
+        return ""
+    manifest = load_manifest()
+    folder = notebook_folder(Path(submission), list(manifest.notebooks))
+    with i18n.speaking(submission_language(folder, manifest.assignment)):
+        if code in KILLED:
+            limit = memory_limit()
+            lines = [
+                _(
+                    "The autograder stopped before it finished: the system ended the grader, "
+                    "which under Gradescope most often means it ran out of memory. Your work was "
+                    "not graded, and this score of 0 is not your grade."
+                ),
+                _("This autograder may use {memory} MB; grading needs about 2,000 MB.").format(
+                    memory=f"{limit / 2**20:,.0f}"
+                )
+                if limit
+                else _("Grading needs about 2,000 MB of memory."),
+                _(
+                    "Instructor: give the autograder 2 GB of memory or more in the assignment's "
+                    "Autograder Settings (docs/grading.md), then regrade the submissions."
+                ),
+            ]
+        else:
+            lines = [
+                _(
+                    "The autograder stopped with exit code {code} before it finished. Your work "
+                    "was not graded, and this score of 0 is not your grade."
+                ).format(code=code)
+            ]
+            try:
+                tail = Path(log).read_text(errors="replace").strip().splitlines()[-15:]
+            except (TypeError, OSError):
+                tail = []
+            if tail:
+                lines += [_("Its last lines:"), *tail]
+            lines.append(_("Instructor: regrade the submission once the cause is mended."))
+    said = "\n".join(lines)
+    write_atomically(results, json.dumps(nothing_to_grade(said), indent=2) + "\n")
+    return said

@@ -1,6 +1,7 @@
 """Gradescope's autograder: the zip `gradescope-bundle` writes, unpacked as Gradescope lays it
 out (/autograder/source, submission/, results/), and its run_autograder run for a complete, a
-broken and a wrong submission. The results must be what `grade` gives the same notebooks.
+broken and a wrong submission, and for a grader that ends without results. The results must
+be what `grade` gives the same notebooks, or say why there are none.
 
 (The zip's setup.sh, which installs the lab's lock, runs inside a container under Gradescope's
 limits in `make images`; here run_autograder uses this checkout's Python.)"""
@@ -15,7 +16,7 @@ import nbformat
 import pytest
 
 from grader.bench import make_class
-from tests.conftest import python
+from tests.conftest import EXERCISES, python
 
 pytestmark = pytest.mark.slow
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
@@ -30,7 +31,7 @@ def bundle(tmp_path_factory):
     return out
 
 
-def autograde(bundle, tmp_path, files, email="ann@example.org") -> dict:
+def autograde(bundle, tmp_path, files, email="ann@example.org", env=None) -> dict:
     """Unpack the zip as Gradescope does, put `files` in submission/, run run_autograder."""
     root = tmp_path / "autograder"
     for folder in ("source", "submission", "results"):
@@ -45,7 +46,7 @@ def autograde(bundle, tmp_path, files, email="ann@example.org") -> dict:
         else:
             shutil.copy(f, root / "submission" / f.name)
     (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": email}]}))
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=python())
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": python(), **(env or {})}
     done = subprocess.run([str(root / "source" / "run_autograder")], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -136,3 +137,40 @@ def test_notebooks_zipped_in_their_folders_get_the_same_grade(bundle, tmp_path):
     results = autograde(bundle, tmp_path, [upload / "work", upload / "__MACOSX"])
     same_as_grade(results, graded(mine))
     assert "The notebooks graded are those in work/multigpu of your upload." in results["output"]
+
+
+def ending(tmp_path, how: str) -> dict:
+    """AUTOGRADER_PYTHON for run_autograder: this checkout's Python, except that
+    gradescope-run ends as `how` (shell lines) says, before it writes any results."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ "$3" == gradescope-run ]]; then\n{how}\nfi\n'
+        f'exec {python()} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return {"AUTOGRADER_PYTHON": str(wrapper)}
+
+
+def test_a_grader_killed_for_memory_leaves_a_result_that_says_so(bundle, tmp_path):
+    """Gradescope's default 768 MB is too little (make images shows the real kill): where the
+    grader is killed, the student reads that their work was not graded, and the instructor
+    what to raise, in place of Gradescope's bare failure."""
+    make_class(tmp_path / "class", 1)
+    notebooks = sorted((tmp_path / "class" / "student01" / "multigpu").glob("*.ipynb"))
+    results = autograde(bundle, tmp_path, notebooks, env=ending(tmp_path, "kill -9 $$"))
+    assert results["score"] == 0 and results["tests"] == []
+    said = results["output"]
+    assert said.startswith("The autograder stopped before it finished") and "memory" in said
+    assert "this score of 0 is not your grade" in said
+    assert "Instructor: give the autograder 2 GB of memory or more" in said
+
+
+def test_a_grader_that_fails_leaves_its_last_lines_in_the_students_language(bundle, tmp_path):
+    chinese = sorted((EXERCISES.parent / "zh_CN" / EXERCISES.name).glob("*.ipynb"))
+    assert len(chinese) == 3
+    how = "echo 'Traceback: something went wrong'\nexit 3"
+    results = autograde(bundle, tmp_path, chinese, env=ending(tmp_path, how))
+    assert results["score"] == 0 and results["tests"] == []
+    said = results["output"]
+    assert "退出码为3" in said and "Traceback: something went wrong" in said

@@ -632,3 +632,25 @@ def test_gradescope_grades_within_its_limits_as_grade_does(autograder, student, 
     print(f"Gradescope's run_autograder for {student}: {time.monotonic() - began:.0f} s")
     results = json.loads((root / "results" / "results.json").read_text())
     same_as_grade(results, graded(mine))
+
+
+def test_gradescope_at_its_default_memory_says_why_it_did_not_grade(autograder, tmp_path):
+    """Under Gradescope's default 768 MB the system kills the grader; the student reads that
+    their work was not graded, and the instructor what to raise, not a bare failure."""
+    base, root = autograder
+    make_class(tmp_path / "class", 1)
+    for old in (root / "submission").iterdir():
+        old.unlink()
+    for notebook in (tmp_path / "class" / "student01" / "multigpu").glob("*.ipynb"):
+        shutil.copy(notebook, root / "submission" / notebook.name)
+    done = run(
+        base, "timeout", "600", "/autograder/source/run_autograder",
+        options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
+                 "--memory", "768m", "--memory-swap", "768m"),
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == 0 and results["tests"] == []
+    said = results["output"]
+    assert "ran out of memory" in said and "This autograder may use 768 MB" in said, said
