@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 from grader.bench import make_class
-from tests.slurm_cluster import cluster_missing, one_node_cluster
+from tests.slurm_cluster import ENDED, cluster_missing, one_node_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "docs" / "slurm" / "grade-class.sh"
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 
 
 def students_in(report: Path) -> list[str]:

@@ -26,6 +26,11 @@ TOOLS = ("munged", "munge", "unmunge", "mungekey", "slurmctld", "slurmd", "sbatc
          "scancel", "sinfo", "scontrol")  # fmt: skip
 SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 PARTITION = "lab"
+# The states after which a job runs no more.
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+# Seconds past a job's time limit by which slurmctld has noticed it (it looks every 30 s or so)
+# and ended it; a test that waits longer than limit and grace is waiting on a silent cluster.
+SLURM_GRACE = 120
 
 
 def cluster_missing() -> str:
