@@ -148,9 +148,7 @@ def memory_limit() -> int | None:
     return None
 
 
-def stopped(
-    submission: Path, results: Path, code: int, log: Path | None = None, seed: int = 0
-) -> str:
+def stopped(submission: Path, results: Path, code: int, log: Path | None = None) -> str:
     """Where `gradescope-run` ended without writing results.json (killed, or crashed), write one
     that says so, why where it can tell, and what the instructor can do; return what it says.
     Results the grader did write are left alone."""

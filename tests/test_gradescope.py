@@ -22,30 +22,46 @@ pytestmark = pytest.mark.slow
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bundle") / "autograder.zip"
+def write_bundle(out):
+    """`python -m grader gradescope-bundle OUT`: the zip to upload."""
     done = subprocess.run([python(), "-m", "grader", "gradescope-bundle", str(out)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return out
 
 
-def autograde(bundle, tmp_path, files, email="ann@example.org", env=None) -> dict:
-    """Unpack the zip as Gradescope does, put `files` in submission/, run run_autograder."""
-    root = tmp_path / "autograder"
+def unpacked(bundle, root):
+    """Lay `root` out as Gradescope's /autograder/, the zip in source/; return it."""
     for folder in ("source", "submission", "results"):
         (root / folder).mkdir(parents=True)
     with zipfile.ZipFile(bundle) as z:
         z.extractall(root / "source")
     for name in ("setup.sh", "run_autograder"):
         (root / "source" / name).chmod(0o755)
+    return root
+
+
+def hand_in(root, files, email) -> None:
+    """Put `files` (notebooks or folders) alone in root/submission/, as `email` submitted them."""
+    shutil.rmtree(root / "submission")
+    (root / "submission").mkdir()
     for f in files:
         if f.is_dir():
             shutil.copytree(f, root / "submission" / f.name)
         else:
             shutil.copy(f, root / "submission" / f.name)
     (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": email}]}))
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return write_bundle(tmp_path_factory.mktemp("bundle") / "autograder.zip")
+
+
+def autograde(bundle, tmp_path, files, email="ann@example.org", env=None) -> dict:
+    """Unpack the zip as Gradescope does, put `files` in submission/, run run_autograder."""
+    root = unpacked(bundle, tmp_path / "autograder")
+    hand_in(root, files, email)
     env = {**os.environ, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": python(), **(env or {})}
     done = subprocess.run([str(root / "source" / "run_autograder")], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -35,6 +35,27 @@ A_RIGHT_TRY_GPU_CHECKED = (
 )
 
 
+def lent_python(homes: Path) -> str:
+    """A Python with the lab in it that the students' accounts may run, or a skip that says
+    why there is none."""
+    python = running.python_for_students(homes / "python")
+    if not python:
+        pytest.skip(
+            f"no Python with the lab in it that other users may run: {sys.executable} lies "
+            "in a folder closed to them and the system has no Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} to lend them"
+        )
+    return python
+
+
+def edit_first_cell(user, path: str, mark: str) -> None:
+    """Put `mark` at the top of the first cell of the notebook at `path` in `user`'s lab."""
+    notebook = user.lab_api("GET", path).json()["content"]
+    notebook["cells"][0]["source"] = mark + "".join(notebook["cells"][0]["source"])
+    saved = user.lab_api("PUT", path, data=json.dumps({"type": "notebook", "content": notebook}))
+    assert saved.status_code == 200, saved.text
+
+
 def started_hub(tmp_path_factory, **extra: str):
     """A hub of the class STUDENTS whose labs are processes, stopped and cleaned up after."""
     if why := running.missing():
@@ -45,14 +66,7 @@ def started_hub(tmp_path_factory, **extra: str):
     settings = {"HUB_SPAWNER": "process", "HUB_HOMES": str(homes), "HUB_USER_PREFIX": prefix}
     settings.update(extra)
     if os.geteuid() == 0:
-        python = running.python_for_students(homes / "python")
-        if not python:
-            pytest.skip(
-                f"no Python with the lab in it that other users may run: {sys.executable} lies "
-                "in a folder closed to them and the system has no Python "
-                f"{sys.version_info.major}.{sys.version_info.minor} to lend them"
-            )
-        settings["HUB_PYTHON"] = python
+        settings["HUB_PYTHON"] = lent_python(homes)
     hub = running.Hub(folder, STUDENTS, **settings)
     hub.start()
     try:
@@ -143,10 +157,7 @@ def test_a_check_runs_inside_a_students_lab(labs):
 def test_a_restart_keeps_a_students_edits(labs):
     ann = labs["ann"]
     path = "/contents/multigpu/from_scratch.ipynb"
-    notebook = ann.lab_api("GET", path).json()["content"]
-    notebook["cells"][0]["source"] = "# ann was here\n" + "".join(notebook["cells"][0]["source"])
-    saved = ann.lab_api("PUT", path, data=json.dumps({"type": "notebook", "content": notebook}))
-    assert saved.status_code == 200, saved.text
+    edit_first_cell(ann, path, "# ann was here\n")
     ann.stop_lab()
     ann.start_lab()
     again = ann.lab_api("GET", path).json()["content"]

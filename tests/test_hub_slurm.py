@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "hub"))
 import running  # noqa: E402
 
 from tests.slurm_cluster import cluster_missing, one_node_cluster  # noqa: E402
-from tests.test_hub import A_RIGHT_TRY_GPU_CHECKED, NOTEBOOKS  # noqa: E402
+from tests.test_hub import A_RIGHT_TRY_GPU_CHECKED, NOTEBOOKS, lent_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CONFIG = REPO / "docs" / "hub" / "slurm_config.py"
@@ -58,13 +58,7 @@ def slurm():
 def hub(slurm, tmp_path_factory):
     homes = running.temporary_homes()
     try:
-        python = running.python_for_students(homes / "python")
-        if not python:
-            pytest.skip(
-                f"no Python with the lab in it that other users may run: {sys.executable} lies "
-                "in a folder closed to them and the system has no Python "
-                f"{sys.version_info.major}.{sys.version_info.minor} to lend them"
-            )
+        python = lent_python(homes)
         lend_singleuser(python)
         prefix = f"t{secrets.token_hex(2)}-"
         hub = SlurmHub(

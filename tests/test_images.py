@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -476,13 +475,12 @@ def test_a_student_cannot_reach_anothers_container(container_hub):
 
 
 def test_a_containers_restart_keeps_the_students_edits(container_hub):
+    from tests.test_hub import edit_first_cell
+
     _, users = container_hub
     ann = next(iter(users.values()))
     path = "/contents/multigpu/concise.ipynb"
-    notebook = ann.lab_api("GET", path).json()["content"]
-    notebook["cells"][0]["source"] = "# kept\n" + "".join(notebook["cells"][0]["source"])
-    saved = ann.lab_api("PUT", path, data=json.dumps({"type": "notebook", "content": notebook}))
-    assert saved.status_code == 200, saved.text
+    edit_first_cell(ann, path, "# kept\n")
     ann.stop_lab()
     ann.start_lab(timeout=300)
     again = ann.lab_api("GET", path).json()["content"]
@@ -585,19 +583,11 @@ GRADESCOPE_CPUS, GRADESCOPE_MEMORY = "0.5", "2g"
 def autograder(images, tmp_path_factory):
     """The zip of `gradescope-bundle` unpacked as Gradescope does, and its setup.sh run in a
     container of the base image (Python, nothing else), as Gradescope builds its image."""
+    from tests.test_gradescope import unpacked, write_bundle
+
     base = check("base").stdout.strip()
     folder = tmp_path_factory.mktemp("gradescope")
-    bundle = folder / "autograder.zip"
-    done = subprocess.run([python(), "-m", "grader", "gradescope-bundle", str(bundle)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    root = folder / "autograder"
-    for sub in ("source", "submission", "results"):
-        (root / sub).mkdir(parents=True)
-    with zipfile.ZipFile(bundle) as z:
-        z.extractall(root / "source")
-    for name in ("setup.sh", "run_autograder"):
-        (root / "source" / name).chmod(0o755)
+    root = unpacked(write_bundle(folder / "autograder.zip"), folder / "autograder")
     began = time.monotonic()
     setup = run(base, "bash", "/autograder/source/setup.sh",
                 options=("-v", f"{root}:/autograder"), timeout=1800)  # fmt: skip
@@ -609,18 +599,14 @@ def autograder(images, tmp_path_factory):
 
 @pytest.mark.parametrize("student", ["student01", "student03"])  # complete; two mistakes
 def test_gradescope_grades_within_its_limits_as_grade_does(autograder, student, tmp_path):
-    from tests.test_gradescope import graded, same_as_grade
+    from tests.test_gradescope import graded, hand_in, same_as_grade
 
     base, root = autograder
     make_class(tmp_path / "class", 3)
     email = f"{student}@example.org"
     mine = tmp_path / email
     (tmp_path / "class" / student / "multigpu").rename(mine)
-    for old in (root / "submission").iterdir():
-        old.unlink()
-    for notebook in mine.glob("*.ipynb"):
-        shutil.copy(notebook, root / "submission" / notebook.name)
-    (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": email}]}))
+    hand_in(root, sorted(mine.glob("*.ipynb")), email)
     began = time.monotonic()
     done = run(
         base, "timeout", "600", "/autograder/source/run_autograder",
@@ -637,12 +623,12 @@ def test_gradescope_grades_within_its_limits_as_grade_does(autograder, student, 
 def test_gradescope_at_its_default_memory_says_why_it_did_not_grade(autograder, tmp_path):
     """Under Gradescope's default 768 MB the system kills the grader; the student reads that
     their work was not graded, and the instructor what to raise, not a bare failure."""
+    from tests.test_gradescope import hand_in
+
     base, root = autograder
     make_class(tmp_path / "class", 1)
-    for old in (root / "submission").iterdir():
-        old.unlink()
-    for notebook in (tmp_path / "class" / "student01" / "multigpu").glob("*.ipynb"):
-        shutil.copy(notebook, root / "submission" / notebook.name)
+    notebooks = sorted((tmp_path / "class" / "student01" / "multigpu").glob("*.ipynb"))
+    hand_in(root, notebooks, "student01@example.org")
     done = run(
         base, "timeout", "600", "/autograder/source/run_autograder",
         options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
