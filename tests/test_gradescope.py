@@ -79,7 +79,8 @@ def graded(folder) -> dict:
 
 
 def same_as_grade(results: dict, report: dict) -> None:
-    assert results["score"] == report["score"]
+    """Gradescope's results hold `grade`'s points, check by check (a difference is shown with
+    what each check said) and in all."""
     for test in results["tests"]:
         assert set(test) >= {"name", "score", "max_score", "output", "visibility"}
         assert test["visibility"] in VISIBILITY
@@ -88,10 +89,17 @@ def same_as_grade(results: dict, report: dict) -> None:
         for e in report["exercises"]
         for c in e["checks"]
     }
+    differ = [
+        f"{t['name']}: {t['score']} of {t['max_score']} here, {by_check.get(t['name'])} in grade: "
+        f"{t['output']}"
+        for t in results["tests"]
+        if by_check.get(t["name"], (None,))[0] != t["score"]
+    ]
     assert {
         t["name"]: (t["score"], t["max_score"], t["visibility"] == "hidden")
         for t in results["tests"]
-    } == by_check
+    } == by_check, "\n".join(differ)
+    assert results["score"] == report["score"]
 
 
 def test_the_zip_has_gradescopes_scripts_at_its_top_and_no_private_folder(bundle):
