@@ -7,11 +7,13 @@ note what the student's code did.
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
 
 import dplab
 from dplab import settings
@@ -141,21 +143,150 @@ def lenet_replicas(seed: int, devices: list[torch.device]) -> list[list[Tensor]]
     return [[t.to(d).requires_grad_() for t in dplab.lenet_params(seed=seed)] for d in devices]
 
 
+def _no_such_gpu(n: int) -> RuntimeError:
+    """Return the error CUDA gives for a GPU the machine does not have."""
+    said = "no CUDA-capable device is detected" if n == 0 else "invalid device ordinal"
+    return RuntimeError(
+        f"CUDA error: {said}\nCUDA kernel errors might be asynchronously reported at some "
+        "other API call, so the stacktrace below might be incorrect."
+    )
+
+
+class PretendedGpus(TorchFunctionMode):
+    """While on, `cuda:i` names one of `n` pretended GPUs: a tensor asked for on `cuda:i`
+    (a factory's `device=`, `.to(...)`, `.cuda(i)`) is made on the CPU when i < n, and
+    fails as CUDA fails when i >= n. So code that finds GPUs by placing a tensor on each
+    (the book's first edition does) finds the pretended ones."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def place(self, device):
+        """Return where a tensor asked for on `device` is made, or raise as CUDA would."""
+        if isinstance(device, int):  # `.cuda(1)`; a bare int elsewhere means a CUDA index too
+            device = torch.device("cuda", device)
+        if not isinstance(device, str | torch.device):
+            return device
+        try:
+            named = torch.device(device)
+        except RuntimeError:
+            return device
+        if named.type != "cuda":
+            return device
+        if self.n == 0 or (named.index or 0) >= self.n:
+            raise _no_such_gpu(self.n)
+        return torch.device("cpu")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs and kwargs["device"] is not None:
+            kwargs["device"] = self.place(kwargs["device"])
+        if func is torch.Tensor.cuda:  # .cuda(), .cuda(1), .cuda("cuda:1")
+            index = args[1] if len(args) > 1 else kwargs.pop("device", None)
+            self.place("cuda" if index is None else index)
+            return args[0].to("cpu")
+        if func is torch.Tensor.to:
+            args = (args[0], *[self.place(a) for a in args[1:]])
+        return func(*args, **kwargs)
+
+
+def _gpu_index(n: int, device=None) -> int:
+    """Return the index torch.cuda's probes read from `device` (None: the current GPU)."""
+    if device is None:
+        index = 0
+    elif isinstance(device, int):
+        index = device
+    else:
+        index = torch.device(device).index or 0
+    if n == 0:
+        raise _no_such_gpu(0)
+    return index
+
+
+def _probes(n: int) -> dict:
+    """Return torch.cuda's probes of a machine with `n` GPUs, each failing as CUDA's do for a
+    GPU that is not there."""
+    total = 16 * 2**30
+
+    def known(device=None) -> int:  # what torch.cuda's property lookups check
+        index = _gpu_index(n, device)
+        if not 0 <= index < n:
+            raise AssertionError("Invalid device id")
+        return index
+
+    def ordinal(device=None) -> int:  # what a call into the CUDA runtime checks
+        index = _gpu_index(n, device)
+        if not 0 <= index < n:
+            raise _no_such_gpu(n)
+        return index
+
+    def properties(device=None) -> SimpleNamespace:
+        known(device)
+        return SimpleNamespace(
+            name="Pretended GPU", total_memory=total, major=8, minor=0, multi_processor_count=108
+        )
+
+    def capability(device=None) -> tuple[int, int]:
+        info = properties(device)
+        return info.major, info.minor
+
+    def memory(device=None) -> tuple[int, int]:
+        ordinal(device)
+        return total - 2**30, total
+
+    def nothing_used(device=None) -> int:
+        ordinal(device)
+        return 0
+
+    def reach(device=None) -> None:  # set_device, synchronize
+        ordinal(device)
+
+    class device:  # torch.cuda.device(i): a context that makes GPU i current
+        def __init__(self, index) -> None:
+            self.index = -1 if index is None else ordinal(index)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc) -> bool:
+            return False
+
+    return {
+        "get_device_name": lambda device=None: properties(device).name,
+        "get_device_properties": properties,
+        "get_device_capability": capability,
+        "mem_get_info": memory,
+        "memory_allocated": nothing_used,
+        "memory_reserved": nothing_used,
+        "max_memory_allocated": nothing_used,
+        "set_device": reach,
+        "synchronize": reach,
+        "current_device": ordinal,
+        "device": device,
+    }
+
+
 @contextlib.contextmanager
 def pretend_gpus(n: int) -> Iterator[None]:
     """Make the machine look as if it had `n` GPUs while the block runs: `torch.cuda` reports
-    them, and the lab's own helpers (d2l.gpu, d2l.num_gpus, ...) follow the book's rules for
-    them, not the stand-ins'. Nothing is allocated on them."""
+    them and answers the usual probes for each (name, properties, memory), a tensor can be
+    placed on each (on the CPU, in truth: see PretendedGpus) and on no other, and the lab's
+    own helpers (d2l.gpu, d2l.num_gpus, ...) follow the book's rules for them, not the
+    stand-ins'."""
     cuda = torch.cuda
-    saved = cuda.device_count, cuda.is_available
+    probes = {"device_count": lambda: n, "is_available": lambda: n > 0, **_probes(n)}
+    saved = {name: getattr(cuda, name) for name in probes}
     mode = os.environ.get(settings.DEVICES.name)
-    cuda.device_count = lambda: n
-    cuda.is_available = lambda: n > 0
+    for name, probe in probes.items():
+        setattr(cuda, name, probe)
     os.environ[settings.DEVICES.name] = "real"
     try:
-        yield
+        with PretendedGpus(n):
+            yield
     finally:
-        cuda.device_count, cuda.is_available = saved
+        for name, original in saved.items():
+            setattr(cuda, name, original)
         if mode is None:
             os.environ.pop(settings.DEVICES.name, None)
         else:
