@@ -81,6 +81,25 @@ def test_mixing_in_backward_fails_too():
         WrongDevice.apply(w).sum().backward()
 
 
+def test_assigning_data_shares_memory_as_on_a_gpu(stand_ins):
+    """`t.data = other` makes `t` share `other`'s memory and device, as it does on GPUs (it
+    used to change nothing on stand-ins); `p.data -= ...` updates in place."""
+    a = torch.ones(2, device=stand_ins[0])
+    total = torch.full((2,), 3.0, device=stand_ins[0])
+    a.data = total.to(stand_ins[0])
+    total.add_(1)
+    assert a.tolist() == [4.0, 4.0] and a.device == stand_ins[0]
+    b = torch.zeros(2, device=stand_ins[1])
+    b.data = total.to(stand_ins[1])
+    assert b.tolist() == [4.0, 4.0] and b.device == stand_ins[1]
+    p = torch.zeros(3, device=stand_ins[1], requires_grad=True)
+    (p * 2).sum().backward()
+    p.data -= 0.5 * p.grad
+    assert p.tolist() == [-1.0, -1.0, -1.0] and p.requires_grad
+    with pytest.raises(RuntimeError, match="copy the values instead"):
+        a.data = torch.zeros(5, device=stand_ins[0])
+
+
 def test_to_is_a_real_copy_between_stand_ins_and_a_no_op_onto_the_same_one():
     x = torch.arange(4.0).to(D1)
     assert x.to(D1) is x and x.to("sim:1") is x
@@ -145,6 +164,18 @@ def test_data_parallel_on_stand_ins_trains_as_one_device_does():
     for p, q in zip(net.parameters(), twin.parameters(), strict=True):
         assert p.device == D0 and p.grad.device == D0
         assert torch.allclose(p.grad.cpu(), q.grad, atol=1e-6)
+
+
+def test_data_parallel_without_device_ids_takes_every_stand_in(stand_ins):
+    """As it takes every GPU on a machine with GPUs."""
+    net = nn.Linear(3, 2).to(stand_ins[0])
+    wrapped = nn.DataParallel(net)
+    assert wrapped.device_ids == stand_ins
+    seen = []
+    net.register_forward_pre_hook(lambda m, inputs: seen.append(str(inputs[0].device)))
+    out = wrapped(torch.ones(8, 3, device=stand_ins[0]))
+    assert seen == [str(d) for d in stand_ins]  # a part of the batch on each stand-in
+    assert out.shape == (8, 2) and out.device == stand_ins[0]
 
 
 def test_data_parallel_wants_the_module_on_the_first_device():

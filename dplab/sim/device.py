@@ -104,12 +104,36 @@ class StandInTensor(torch.Tensor):
                 return moved
         elif func in _HOST_ONLY:
             return _HOST_ONLY[func](*args, **kwargs)
+        elif (
+            getattr(func, "__self__", None) is _DATA
+            and func.__name__ == "__set__"
+            and isinstance(args[0], StandInTensor)
+        ):
+            return _set_data(*args)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _run(func, args, kwargs or {})
+
+
+_DATA = torch._C.TensorBase.data  # its setter, `t.data = other`, is caught above
+
+
+def _set_data(self: StandInTensor, other: torch.Tensor) -> None:
+    """`t.data = other`: from now on `t` shares `other`'s memory and device, as on a GPU."""
+    if not isinstance(other, StandInTensor):
+        raise RuntimeError(
+            f"t.data = ... with a tensor on {other.device}: a tensor on a stand-in device can "
+            "take the data of another stand-in tensor only; copy it instead (t.copy_(...))"
+        )
+    if other.shape != self.shape or other.dtype != self.dtype or other.stride() != self.stride():
+        raise RuntimeError(
+            "t.data = ... with a tensor of another shape, dtype or layout, which a stand-in "
+            "tensor cannot take: copy the values instead (t.copy_(...))"
+        )
+    self.backing, self.index = other.backing, other.index
 
 
 def _numpy(self, *args, **kwargs):
@@ -432,6 +456,11 @@ def register(backing_device: torch.device | None = None) -> None:
 def enabled() -> bool:
     """Return True once stand-in devices are on in this process."""
     return _state["enabled"]
+
+
+def count() -> int:
+    """Return how many stand-in devices there are."""
+    return _state["count"]
 
 
 def backing_device() -> torch.device:

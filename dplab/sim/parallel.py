@@ -7,7 +7,7 @@ import functools
 import torch
 from torch import nn
 
-from dplab.sim.device import TYPE, is_stand_in
+from dplab.sim.device import TYPE, count, enabled, is_stand_in
 
 # ---- nn.parallel for stand-ins ------------------------------------------------------------
 
@@ -115,6 +115,9 @@ def _patch_parallel() -> None:
     @functools.wraps(original_init)
     def init(self, module, device_ids=None, output_device=None, dim=0):
         ids = list(device_ids) if device_ids is not None else None
+        if ids is None and enabled() and torch.cuda.device_count() < 2:
+            # Without device_ids nn.DataParallel takes every GPU there is: here, every stand-in.
+            ids = [torch.device(TYPE, i) for i in range(count())]
         if ids and (
             any(is_stand_in(d) for d in ids)
             or (all(isinstance(d, int) for d in ids) and not torch.cuda.is_available())
