@@ -111,15 +111,33 @@ def strip_magics(source: str) -> tuple[str, str | None]:
         if first.split()[0] in ("%%time", "%%capture"):
             return "\n".join([""] + lines[1:]), None
         return "", _("skipped a {magic} cell magic").format(magic=first.split()[0])
-    kept = []
+    kept: list[str] = []
     for line in lines:
         stripped = line.lstrip()
-        if stripped.startswith(("%", "!")):
+        if stripped.startswith(("%", "!")) and not continues(kept):
             indent = line[: len(line) - len(stripped)]
             kept.append(f"{indent}pass" if indent else "")
         else:
             kept.append(line)
     return "\n".join(kept), None
+
+
+def continues(lines: list[str]) -> bool:
+    """Return True when `lines` end inside a statement (an open bracket or string, or a
+    backslash), so that a next line starting with `%` is code (`% (epoch, acc))` of a
+    two-line format), not a magic: IPython reads magics only where a statement starts."""
+    import io
+    import tokenize
+
+    text = "\n".join(lines) + "\n"
+    try:
+        for _token in tokenize.generate_tokens(io.StringIO(text).readline):
+            pass
+    except tokenize.TokenError:
+        return True
+    except (IndentationError, SyntaxError):
+        return False
+    return False
 
 
 def calls_any(node: ast.AST, names: frozenset[str]) -> str | None:

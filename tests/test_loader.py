@@ -72,6 +72,25 @@ def test_shell_lines_and_magics_are_dropped(seed_like):
     assert not any("pip" in n for n in seed_like.notes)
 
 
+def test_a_line_that_continues_a_statement_is_code_even_when_it_starts_with_percent(tmp_path):
+    """A `%`-format split over two lines, as notes written for the book's first edition
+    print each epoch: the second line is code, not a magic (IPython reads magics only
+    where a statement starts); a magic inside a block is still dropped."""
+    loaded = load_notebook(
+        write_notebook(
+            tmp_path / "n.ipynb",
+            "%matplotlib inline\n"
+            "def report(epoch, acc):\n"
+            "    %time pass\n"
+            "    return ('epoch %d, acc %.2f'\n"
+            "            % (epoch, acc))",
+            "said = report(3, 0.5)",
+        )
+    )
+    assert loaded.notes == []
+    assert loaded.namespace["said"] == "epoch 3, acc 0.50"
+
+
 def test_check_cells_are_not_run(tmp_path):
     loaded = load_notebook(
         write_notebook(
