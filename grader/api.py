@@ -50,8 +50,13 @@ One mistake should cost the checks about it, and no others:
   functions, names those in `holds`: where the reference solution is at hand (the
   instructor's side) they are replaced by the reference's for the case, so that a wrong
   `allreduce` costs the checks of `allreduce`, not those of `train_batch` as well;
-- `after=` on a check names the checks that must pass first, so that a side property
-  earns nothing for code that got the main result wrong;
+- a check judges the outcome the exercise asks for, on whatever part of the result shows
+  it, whatever route the code took; where a result hides the property (copies that are
+  not a list of tensors), it says so with `observe(condition, "other_check", because)`,
+  and earns nothing and charges nothing;
+- `after=` on a check names the checks that must pass first, and `because=` says why in one
+  line: only where the property cannot be observed unless they pass (a test holds every
+  gate to a reason);
 - `Fail(..., see="other_check")` (or `expect(..., see=...)`) says that a failure has the
   cause another check judges: where that check fails too, this one keeps its points.
 
@@ -76,8 +81,10 @@ from grader.base.outcomes import (
     MissingFunction,
     Raised,
     Stub,
+    Unobserved,
     attempt,
     is_stub,
+    observe,
     raised_in,
     returned,
 )
@@ -131,8 +138,10 @@ __all__ = [
     "Raised",
     "SeenTensor",
     "Stub",
+    "Unobserved",
     "attempt",
     "is_stub",
+    "observe",
     "raised_in",
     "returned",
     # comparisons

@@ -3,10 +3,10 @@
     python -m grader messages missing [--language zh_CN]   messages with no translation yet
     python -m grader messages compile                      i18n/*/messages/*.po -> grader/locale/
 
-A message is a string given to `_()` or `N_()` in the grader's code, a check's docstring or
-hint, or an exercise's title in the manifest. `tests/test_messages.py` fails on any message without
-a translation, on a translation whose `{fields}` differ from the English, and on a translation
-left for a message the code no longer has.
+A message is a string given to `_()` or `N_()` in the grader's code, a check's docstring,
+hint or gate's reason, or an exercise's title in the manifest. `tests/test_messages.py` fails
+on any message without a translation, on a translation whose `{fields}` differ from the
+English, and on a translation left for a message the code no longer has.
 """
 
 import re
@@ -53,7 +53,7 @@ def of_checks() -> list[Message]:
     for ex in load_manifest().exercises:
         for check in exercise_checks(ex, include_hidden=hidden_available(ex)):
             where = f"{ex.id}/{check.name}"
-            found += [Message(t, where) for t in (check.doc, check.hint) if t]
+            found += [Message(t, where) for t in (check.doc, check.hint, check.because) if t]
     return found
 
 
@@ -67,7 +67,9 @@ def hidden_only() -> set[str]:
     said_in_hidden = {m.text for m in in_code() if m.where.startswith("grader/hidden/")}
     for ex in load_manifest().exercises:
         if hidden_available(ex):
-            said_in_hidden |= {t for c in hidden_checks(ex) for t in (c.doc, c.hint) if t}
+            said_in_hidden |= {
+                t for c in hidden_checks(ex) for t in (c.doc, c.hint, c.because) if t
+            }
     public = {m.text for m in in_code() if not m.where.startswith("grader/hidden/")}
     public |= {m.text for m in of_checks() if m.text not in said_in_hidden}
     return said_in_hidden - public

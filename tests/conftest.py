@@ -15,7 +15,7 @@ from grader.devices import grading_devices
 from grader.grading import DEVICES, grade_path
 from grader.judge.registry import diagnoser, exercise_checks, narrowed
 from grader.judge.results import ExerciseResult
-from grader.judge.verdicts import judge_exercise
+from grader.judge.verdicts import Verdict, judge_exercise, judge_verdicts
 from grader.load.notebook import load_notebook, read_cells
 from grader.load.reference import reference
 from grader.manifest import REPO, Exercise, load_manifest
@@ -131,6 +131,19 @@ def grade_in_process(
     ctx = Context(seed, grading_devices(DEVICES), known)
     outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx, held=known)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex))
+
+
+def verdicts_of_source(ex: Exercise, source: str, seed: int = 0) -> list[Verdict]:
+    """Return the verdict on every check of an exercise, public and hidden, of the reference
+    notebook with `source` run after its cells (in this process: not for the exercises whose
+    cases start process groups)."""
+    namespace = fresh_solution(ex.notebook)
+    exec(compile(source, f"<variant of {ex.id}>", "exec"), namespace)
+    checks = exercise_checks(ex, include_hidden=True)
+    known = reference(ex.notebook)
+    ctx = Context(seed, grading_devices(DEVICES), known)
+    outcomes = run_checks(checks, Student(namespace, ex.function, ex.notebook), ctx, held=known)
+    return judge_verdicts(ex.function, checks, outcomes, ctx, diagnoser(ex))
 
 
 def grade_source(

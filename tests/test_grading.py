@@ -89,7 +89,7 @@ def test_mistakes_lists_the_catalogue():
 
 
 def test_narrowing_to_one_check_keeps_the_checks_it_comes_after():
-    checks = exercise_checks(MANIFEST.exercise("allreduce"), include_hidden=True)
+    checks = exercise_checks(MANIFEST.exercise("get_params"), include_hidden=True)
     after = next(c for c in checks if c.after)
     kept = narrowed(checks, {after.name})
     assert {c.name for c in kept} == {after.name, *after.after}
@@ -135,6 +135,56 @@ def test_it_fails_where_the_check_it_names_passed_or_was_not_judged():
     verdicts = judged_with(owner_fails=True, owner_after=("first",))
     assert "not judged until" in verdicts["owner"].message
     assert not verdicts["second"].passed
+
+
+def test_a_check_that_cannot_see_its_property_is_not_judged_and_charges_nothing():
+    from grader.api import Context, case, check, observe
+    from grader.judge.verdicts import judge_verdicts
+
+    @case
+    def nothing(student, ctx):
+        return None
+
+    def blind(seen, ctx):
+        observe(seen is not None, "owner", "there is nothing to look at")
+
+    (verdict,) = judge_verdicts(
+        "fn",
+        [check(nothing, points=2, hint="a hint")(blind)],
+        {"nothing": {"value": None}},
+        Context(0),
+        str,
+    )
+    assert not verdict.result.passed and verdict.result.points == 0
+    assert not verdict.charged
+    assert verdict.result.message == "not judged: there is nothing to look at (`owner` judges that)"
+
+
+def test_a_failure_whose_owner_in_turn_names_another_keeps_its_points():
+    """`second` names `owner`, which names `first`, which charges: both keep their points,
+    and say that `first` charges."""
+    from grader.api import Context, case, check, expect
+    from grader.judge.verdicts import judge_exercise
+
+    @case
+    def nothing(student, ctx):
+        return None
+
+    def judge(see: str | None = None):
+        return lambda seen, ctx: expect(False, "it failed", "a hint", see=see)
+
+    checks = [
+        check(nothing, points=1, hint="a hint")(judge()),
+        check(nothing, points=2, hint="a hint")(judge(see="first")),
+        check(nothing, points=3, hint="a hint")(judge(see="owner")),
+    ]
+    for c, name in zip(checks, ("first", "owner", "second"), strict=True):
+        object.__setattr__(c, "name", name)
+    result = judge_exercise("ex", "fn", checks, {"nothing": {"value": None}}, Context(0), str)
+    got = {c.name: c for c in result.checks}
+    assert result.score == 5 and not got["first"].passed
+    for name in ("owner", "second"):
+        assert "`first` charges for the same cause" in got[name].message
 
 
 def test_a_failure_shows_tensors_briefly():

@@ -6,7 +6,7 @@ import pytest
 
 from grader.manifest import load_manifest
 from grader.mistakes import mistakes_of, variant
-from tests.conftest import fresh_solution, grade_in_process, grade_source
+from tests.conftest import fresh_solution, grade_in_process, grade_source, verdicts_of_source
 
 CATALOGUE = [
     pytest.param(ex, name, mistake, id=f"{ex.id}::{name}", marks=getattr(pytest.mark, ex.id))
@@ -50,6 +50,29 @@ def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
         f"expected it to mention {mistake.hint_mentions!r}"
     )
     assert result.score < result.max_score
+
+
+# The exercises graded in this process (not those whose cases start process groups).
+IN_PROCESS = [p for p in CATALOGUE if not p.values[0].distributed]
+
+
+@pytest.mark.parametrize(("exercise", "name", "mistake"), IN_PROCESS)
+def test_one_mistake_is_charged_once(exercise, name, mistake):
+    """Graded on every check of its exercise, hidden ones included, a catalogued mistake (one
+    cause) loses the points of its own check and of no other, but for the checks it names in
+    `also`, causes of their own. A check that saw nothing to judge (every call raised, or
+    what it looks at is missing) charges nothing; a check that fails for the cause another
+    check charges keeps its points and says so."""
+    verdicts = verdicts_of_source(exercise, mistake.source)
+    names = {v.result.name for v in verdicts}
+    assert set(mistake.also) <= names, f"{name}: `also` names a check {exercise.id} lacks"
+    own = next(v for v in verdicts if v.result.name == mistake.fails)
+    assert not own.result.passed, f"{name} passed {mistake.fails}"
+    charged = {v.result.name: v.result.message for v in verdicts if v.charged}
+    allowed = {mistake.fails, *mistake.also}
+    assert set(charged) <= allowed, {k: m for k, m in charged.items() if k not in allowed}
+    for check in mistake.also:
+        assert check in charged, f"{name} no longer costs {check}: take it out of `also`"
 
 
 NEVER = [p for p in CATALOGUE if p.values[2].hints_never]
@@ -150,3 +173,112 @@ def split_batch(X, y, devices):
     result = grade_source(exercise, source, only={"book_demo_gives_rows_0_1_and_2_3"})
     (verdict,) = [c for c in result.checks if c.name == "book_demo_gives_rows_0_1_and_2_3"]
     assert not verdict.passed and said in verdict.message, verdict.message
+
+
+# Right code that takes another route than the reference: each gets full marks, because the
+# checks judge what the code does, not how it gets there.
+OTHER_ROUTES = {
+    "allreduce": """
+def allreduce(data):
+    total = sum(t.to(data[0].device) for t in data)
+    for t in data:
+        t.copy_(total)
+""",
+    "get_params": """
+def get_params(params, device):
+    return [nn.Parameter(p.detach().to(device).clone()) for p in params]
+""",
+    "split_batch": """
+def split_batch(X, y, devices):
+    if len(X) != len(y):
+        raise ValueError(f'{len(X)} examples but {len(y)} labels')
+    sizes = [len(c) for c in torch.arange(len(X)).chunk(len(devices))]
+    return ([x.to(d) for x, d in zip(torch.split(X, sizes), devices)],
+            [t.to(d) for t, d in zip(torch.split(y, sizes), devices)])
+""",
+    "train_batch": """
+def train_batch(X, y, device_params, devices, lr):
+    for params in device_params:  # PyTorch's habit: clear the gradients before backward
+        for p in params:
+            p.grad = None
+    X_shards, y_shards = split_batch(X, y, devices)
+    for X_shard, y_shard, params in zip(X_shards, y_shards, device_params):
+        loss(lenet(X_shard, params), y_shard).sum().backward()
+    with torch.no_grad():
+        for i in range(len(device_params[0])):
+            allreduce([params[i].grad for params in device_params])
+        for params in device_params:
+            for p in params:
+                p -= lr * p.grad / X.shape[0]
+""",
+    "resnet18": """
+import torchvision
+
+def resnet18(num_classes, in_channels=1):  # torchvision's blocks, under the book's names
+    tv = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    net = nn.Sequential(nn.Conv2d(in_channels, 64, kernel_size=3, padding=1, bias=False),
+                        tv.bn1, tv.relu, nn.Identity())
+    for i in range(1, 5):
+        net.add_module(f'resnet_block{i}', getattr(tv, f'layer{i}'))
+    net.add_module('global_avg_pool', tv.avgpool)
+    net.add_module('fc', nn.Sequential(nn.Flatten(), tv.fc))
+    return net
+""",
+    "train_dataparallel": """
+def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
+    train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
+    devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
+    def init_weights(m):
+        if type(m) in [nn.Linear, nn.Conv2d]:
+            nn.init.normal_(m.weight, std=0.01)
+    net.apply(init_weights)
+    net = nn.DataParallel(net, device_ids=devices).to(devices[0])  # wrapped, then moved
+    trainer = torch.optim.SGD(net.parameters(), lr)
+    loss = nn.CrossEntropyLoss()
+    timer, animator = d2l.Timer(), d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
+    for epoch in range(num_epochs):
+        net.train()
+        timer.start()
+        for X, y in train_iter:
+            trainer.zero_grad()
+            X, y = X.to(devices[0]), y.to(devices[0])
+            loss(net(X), y).backward()
+            trainer.step()
+        timer.stop()
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(net, test_iter),))
+    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
+    return animator.Y[0]
+""",
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(OTHER_ROUTES))
+def test_right_code_by_another_route_gets_full_marks(exercise_id):
+    exercise = load_manifest().exercise(exercise_id)
+    result = grade_source(exercise, OTHER_ROUTES[exercise_id])
+    failed = {c.name: c.message for c in result.checks if not c.passed}
+    assert result.score == result.max_score, failed
+
+
+# Code that does not do the work: a body that does nothing, or writes nonsense. A check may
+# keep its points for a cause another check charges only where the code shows that slip, and
+# a side property is judged only on results the code made, so none of these earns a point.
+NO_WORK = {
+    "try_gpu": "def try_gpu(i=0):\n    return None",
+    "try_all_gpus": "def try_all_gpus():\n    return None",
+    "get_params": "def get_params(params, device):\n    pass",
+    "allreduce": "def allreduce(data):\n    for t in data:\n        t[:] = float('nan')",
+    "split_batch": "def split_batch(X, y, devices):\n    pass",
+    "train_batch": "def train_batch(X, y, device_params, devices, lr):\n    pass",
+    "train_loop": "def train(num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):\n"
+    "    pass",
+    "resnet18": "def resnet18(num_classes, in_channels=1):\n    return None",
+    "train_dataparallel": "def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, "
+    "devices=None):\n    pass",
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(NO_WORK))
+def test_code_that_does_not_do_the_work_earns_nothing(exercise_id):
+    result = grade_source(load_manifest().exercise(exercise_id), NO_WORK[exercise_id])
+    assert result.score == 0, [c.name for c in result.checks if c.passed]

@@ -110,6 +110,18 @@ def test_every_check_says_what_it_proves_and_how_to_fix_it():
                 assert before in names[: names.index(c.name)], f"{c.name} waits on a later check"
 
 
+def test_every_gate_says_in_one_line_why_its_check_cannot_judge_without_it():
+    """A check may wait on another (`after=`) only where it cannot observe its property
+    unless that one passes; the reason (`because=`) is shown to the student with the gate."""
+    for ex in MANIFEST.exercises:
+        for c in exercise_checks(ex, include_hidden=True):
+            if c.after:
+                assert c.because, f"{ex.id}.{c.name} waits on {c.after} and says not why"
+                assert "\n" not in c.because and len(c.because) <= 100, c.because
+            else:
+                assert not c.because, f"{ex.id}.{c.name} gives a reason for no gate"
+
+
 def test_readme_lists_the_exercises_from_the_manifest():
     from grader.cli import exercise_table
 
@@ -131,7 +143,9 @@ def helpers_defined(source: str) -> set[str]:
     that rebinds the book's `data` gives it the same meaning)."""
     import ast
 
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("%"))
+    from dplab.notebook import strip_magics
+
+    code, _note = strip_magics(source)
     names = set()
     for statement in ast.parse(code).body:
         if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):

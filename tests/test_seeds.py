@@ -65,36 +65,30 @@ MOVED = [
 
 # What a teacher gives: the checks that must fail (none for the exercises not listed).
 TEACHER = {
-    ("000", "get_params"): {
-        "copies_are_independent_of_the_originals",
-        "copies_trainable_parameters_independently",
-    },  # the book's p.to(device): on their own device the copies are the originals; 7/11
+    # the book's p.to(device): on their own device the copies are the originals; 9/11 (the
+    # hidden check on nn.Parameters sees the same cause, and keeps its points)
+    ("000", "get_params"): {"copies_are_independent_of_the_originals"},
     ("000", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},  # a bare assert
     ("000", "train_loop"): {
         "prints_the_summary_line",  # {x :.2f } raises at the very end
         "returns_the_accuracy_history",
     },
-    ("001", "allreduce"): {
-        "writes_into_the_tensors_it_was_given",
-        "no_two_results_share_memory",
-        "matches_the_reference_on_random_lists",
-    },  # data[i] = ... rebinds; 6/11
+    # data[i] = ... rebinds: the tensors given never get the sum; 9/11 (the hidden check sees
+    # the same cause, and keeps its points)
+    ("001", "allreduce"): {"writes_into_the_tensors_it_was_given"},
     ("001", "split_batch"): "all",  # `y. devices`: it always raises; 0/8
     ("002", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},
     ("002", "train_loop"): {"returns_the_accuracy_history"},
     ("003", "train_dataparallel"): {
-        "puts_the_net_on_the_first_device_before_wrapping",
+        "moves_the_net_to_the_first_device",
         "returns_the_accuracy_history",
     },
-    ("004", "get_params"): {
-        "copies_are_independent_of_the_originals",
-        "copies_trainable_parameters_independently",
-    },
+    ("004", "get_params"): {"copies_are_independent_of_the_originals"},
     ("004", "split_batch"): {"rejects_mismatched_lengths_with_a_message"},
     ("004", "train_loop"): {"returns_the_accuracy_history"},
     ("004", "resnet18"): {"stem_is_3x3_stride_1_without_max_pooling"},  # 7x7 and max-pool
     ("004", "train_dataparallel"): {
-        "puts_the_net_on_the_first_device_before_wrapping",
+        "moves_the_net_to_the_first_device",
         "returns_the_accuracy_history",
     },
 }
@@ -205,7 +199,7 @@ def test_the_seed_in_the_chinese_notebooks_gets_the_same_grade(graded, seed):
 
 def test_the_rebinding_allreduce_is_named(graded):
     result = exercise(graded["001"], "allreduce")
-    assert result["score"] == 6
+    assert result["score"] == 9
     check = next(c for c in result["checks"] if c["name"] == "writes_into_the_tensors_it_was_given")
     assert "only makes the list point at a new tensor" in check["hint"]
 
@@ -220,7 +214,7 @@ def test_the_typo_in_split_batch_is_named(graded):
 def test_the_aliasing_get_params_is_named(graded):
     for seed in ("000", "004"):
         result = exercise(graded[seed], "get_params")
-        assert result["score"] == 7
+        assert result["score"] == 9
         check = next(
             c for c in result["checks"] if c["name"] == "copies_are_independent_of_the_originals"
         )

@@ -102,6 +102,7 @@ class Check:
     hint: str
     doc: str
     after: tuple[str, ...] = ()
+    because: str = ""  # why the `after` checks must pass first: the one reason a gate may have
     hidden: bool = False
 
 
@@ -135,17 +136,24 @@ def error_hints(fn: Callable[[Raised], str | None]) -> ErrorHints:
 
 
 def check(
-    on: Case, points: float, hint: str, after: tuple[str, ...] | str = ()
+    on: Case,
+    points: float,
+    hint: str,
+    after: tuple[str, ...] | str = (),
+    because: str = "",
 ) -> Callable[[Callable[[Any, Context], None]], Check]:
     """Declare a check on case `on`, worth `points`, with the `hint` shown when it fails.
 
-    `after` names checks that must pass first: a check of a side property (such as "no
-    two results share memory") earns nothing for code that got the main result wrong.
+    `after` names checks that must pass first, and `because` says in one line why: a gate
+    is allowed only where this check cannot observe its property unless those pass (a
+    refusal of bad input means nothing from code that refuses good input too). Where only
+    some results hide the property, the check raises `Unobserved` for those instead.
     """
 
     def wrap(judge: Callable[[Any, Context], None]) -> Check:
         names = (after,) if isinstance(after, str) else tuple(after)
-        return Check(judge.__name__, on, judge, points, hint, (judge.__doc__ or "").strip(), names)
+        doc = (judge.__doc__ or "").strip()
+        return Check(judge.__name__, on, judge, points, hint, doc, names, because.strip())
 
     return wrap
 

@@ -1,5 +1,7 @@
 """Comparisons that explain themselves: what came back, and what was expected."""
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -71,8 +73,26 @@ def _same_shape(actual: Tensor, expected: Tensor, what: str) -> None:
         )
 
 
-def expect_equal(value: Any, expected: Tensor, what: str, hint: str | None = None) -> None:
-    """Fail unless `value` is a tensor exactly equal to `expected` (same shape and dtype)."""
+@contextlib.contextmanager
+def _owned_by(see: str | None) -> Iterator[None]:
+    """Say of a Fail raised in the block that its cause is the one check `see` judges."""
+    try:
+        yield
+    except Fail as fail:
+        fail.see = fail.see or see
+        raise
+
+
+def expect_equal(
+    value: Any, expected: Tensor, what: str, hint: str | None = None, see: str | None = None
+) -> None:
+    """Fail unless `value` is a tensor exactly equal to `expected` (same shape and dtype);
+    `see` as `expect` says."""
+    with _owned_by(see):
+        _expect_equal(value, expected, what, hint)
+
+
+def _expect_equal(value: Any, expected: Tensor, what: str, hint: str | None) -> None:
     actual = as_tensor(value, what)
     _same_shape(actual, expected, what)
     if actual.dtype != expected.dtype:
@@ -88,8 +108,17 @@ def expect_close(
     hint: str | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-6,
+    see: str | None = None,
 ) -> None:
-    """Fail unless `value` is a tensor close to `expected`, naming the largest difference."""
+    """Fail unless `value` is a tensor close to `expected`, naming the largest difference;
+    `see` as `expect` says."""
+    with _owned_by(see):
+        _expect_close(value, expected, what, hint, rtol, atol)
+
+
+def _expect_close(
+    value: Any, expected: Tensor, what: str, hint: str | None, rtol: float, atol: float
+) -> None:
     actual = as_tensor(value, what)
     _same_shape(actual, expected, what)
     actual = actual.to(torch.float64)

@@ -22,6 +22,24 @@ class Fail(Exception):
         self.see = see
 
 
+class Unobserved(Exception):
+    """A check cannot see its property, because what it looks at is missing for a cause that
+    check `until` judges (copies that are not a list of tensors, say): it earns nothing and
+    charges nothing, and its message says why in one line (`because`). Where the property can
+    be seen on part of what came back, a check judges that part instead."""
+
+    def __init__(self, until: str, because: str) -> None:
+        super().__init__(because)
+        self.until = until
+        self.because = because
+
+
+def observe(condition: object, until: str, because: str) -> None:
+    """Raise Unobserved(until, because) unless `condition` holds."""
+    if not condition:
+        raise Unobserved(until, because)
+
+
 class MissingFunction(Exception):
     """The submission does not define the function an exercise asks for."""
 
@@ -128,13 +146,17 @@ class Raised:
 class Crash(Exception):
     """Raised by a check that needs a call of the student's code that raised instead;
     `every_call` when no call that the check could judge finished, of `calls` (the first
-    error is `raised`): the check then says it could not judge."""
+    error is `raised`): the check then says it could not judge. `see`, as Fail's: the check
+    that charges for the same error, where it saw it."""
 
-    def __init__(self, raised: Raised, every_call: bool = False, calls: int = 2) -> None:
+    def __init__(
+        self, raised: Raised, every_call: bool = False, calls: int = 2, see: str | None = None
+    ) -> None:
         super().__init__(raised.message)
         self.raised = raised
         self.every_call = every_call
         self.calls = calls
+        self.see = see  # the check that charges for this error, where it does (as Fail's)
 
 
 def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:

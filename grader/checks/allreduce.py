@@ -19,6 +19,7 @@ from grader.api import (
     expect_close,
     expect_equal,
     expect_kept_dtype,
+    observe,
     raised_in,
     short,
 )
@@ -135,6 +136,41 @@ def expect_sums(
             expect_equal(value, total, label)
 
 
+def did_the_work(outcome: dict, parts: list[torch.Tensor]) -> bool:
+    """Return True when some tensor of a call's list ends holding the sum of two or more of
+    `parts` (all of them, or some): the call moved values across devices, so where its
+    results stay and whether they share memory can be seen. Values left alone, or written
+    with anything else (NaN, a constant), show neither."""
+    if len(parts) < 2 or raised_in(outcome) is not None:
+        return False
+    total = torch.stack(parts).sum(dim=0, dtype=parts[0].dtype)
+    for t in [*outcome["listed"], *outcome["given"]]:
+        value = unwrapped(t)
+        if isinstance(value, torch.Tensor) and value.shape == total.shape:
+            if (
+                close(value.double(), total.double(), 1e-5, 1e-5)
+                or len(summed_from(value, parts)) > 1
+            ):
+                return True
+    return False
+
+
+def worked(seen: list, lists: list[list[torch.Tensor]]) -> list[int]:
+    """Return the indices of the calls that did the work (`did_the_work`); where none did,
+    there are no results to look at (every_tensor_holds_the_sum judges that)."""
+    done = [i for i, (o, ts) in enumerate(zip(seen, lists, strict=True)) if did_the_work(o, ts)]
+    longer = [i for i, ts in enumerate(lists) if len(ts) > 1]
+    crashes = [raised_in(seen[i]) for i in longer]
+    if all(crashes):  # every call with something to sum raised: that error is all there is
+        raise Crash(crashes[0], every_call=True, calls=len(longer))
+    observe(
+        done,
+        "every_tensor_holds_the_sum",
+        N_("no tensor ended holding a sum of the tensors given: there is no result to look at"),
+    )
+    return done
+
+
 def unwrapped(value):
     """Return the tensor a recorded value holds, or the value itself."""
     return value.value if isinstance(value, SeenTensor) else value
@@ -184,9 +220,14 @@ def other_dtypes_and_shapes(student, ctx):
 )
 def book_demo_gives_threes_on_both_devices(seen, ctx):
     """[[1., 1.]] and [[2., 2.]] both become [[3., 3.]]."""
+    # A wrong sum here is the cause every_tensor_holds_the_sum judges on more lists.
     all_finished([seen])
+    parts = [torch.ones((1, 2)) * (i + 1) for i in range(2)]
+    slip = "every_tensor_holds_the_sum" if did_the_work(seen, parts) else None
     for i, t in enumerate(seen["listed"]):
-        expect_equal(t, torch.tensor([[3.0, 3.0]]), _("data[{i}] after allreduce").format(i=i))
+        expect_equal(
+            t, torch.tensor([[3.0, 3.0]]), _("data[{i}] after allreduce").format(i=i), see=slip
+        )
 
 
 @check(
@@ -252,11 +293,11 @@ def writes_into_the_tensors_it_was_given(seen, ctx):
     one_to_eight_tensors,
     points=1,
     hint="Move the total to each tensor's own device before writing it there.",
-    after="every_tensor_holds_the_sum",
 )
 def each_result_stays_on_its_device(seen, ctx):
     """Each tensor is still on the device it started on."""
-    for outcome in seen:
+    for i in worked(seen, float_lists(ctx.seed)):
+        outcome = seen[i]
         wanted = [str(d) for d in cycle(ctx.devices, len(outcome["given"]))]
         got = [t.device for t in outcome["listed"] if isinstance(t, SeenTensor)]
         expect(
@@ -268,23 +309,24 @@ def each_result_stays_on_its_device(seen, ctx):
 @check(
     one_to_eight_tensors,
     points=1,
-    hint="Give each device its own copy of the total: copy values into each tensor rather "
-    "than making several list entries point at one tensor.",
-    after="every_tensor_holds_the_sum",
+    hint="Give each tensor its own copy of the total: copy values into it (data[i][:] = ...) "
+    "rather than making it share the total's memory (data[i].data = ..., .set_(...)).",
 )
 def no_two_results_share_memory(seen, ctx):
-    """After allreduce, no two entries of the list are the same memory."""
-    for outcome in seen:
-        listed = [t for t in outcome["listed"] if isinstance(t, SeenTensor)]
-        keys = [(t.device, t.ptr) for t in listed]
-        for j, key in enumerate(keys):
-            if key in keys[:j]:
-                i = keys.index(key)
+    """After allreduce, no two of the tensors it was given share memory, so changing one
+    (a gradient, say) leaves the others alone."""
+    # Entries put into the list in their place are writes_into_the_tensors_it_was_given's.
+    for i in worked(seen, float_lists(ctx.seed)):
+        given = [t for t in seen[i]["given"] if isinstance(t, SeenTensor)]
+        keys = [(t.device, t.ptr) for t in given]
+        for b, key in enumerate(keys):
+            if key in keys[:b]:
+                a = keys.index(key)
                 raise Fail(
                     _(
-                        "with {count} tensors, data[{i}] and data[{j}] are the same memory: "
-                        "changing one changes the other"
-                    ).format(count=len(listed), i=i, j=j)
+                        "with {count} tensors, the tensors given as data[{i}] and data[{j}] "
+                        "are now the same memory: changing one changes the other"
+                    ).format(count=len(given), i=a, j=b)
                 )
 
 

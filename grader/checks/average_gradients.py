@@ -276,6 +276,7 @@ def skips_frozen_parameters(seen, ctx):
     hint="Call dist.all_reduce once per parameter, on param.grad itself: this is the naive "
     "version that the bucketed exercise improves on.",
     after="gradients_are_the_mean_over_ranks",
+    because="the calls show the naive scheme only in code that averages the gradients",
 )
 def one_all_reduce_per_parameter(seen, ctx):
     """One dist.all_reduce per parameter, each on that parameter's gradient."""

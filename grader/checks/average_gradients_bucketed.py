@@ -110,6 +110,7 @@ def gradients_are_the_mean_with_small_buckets(seen, ctx):
     hint="Make one all_reduce per bucket, of the bucket's gradients flattened into one tensor "
     "(torch.cat), not one per parameter.",
     after="gradients_are_the_mean_with_small_buckets",
+    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def one_all_reduce_per_bucket(seen, ctx):
     """As many all_reduce calls as there are buckets: 1 by default, 3 with small buckets."""
@@ -146,6 +147,7 @@ def one_all_reduce_per_bucket(seen, ctx):
     hint="With the default bucket_mb=25, the checks' whole network (under 10 KiB of "
     "gradients) fits in one bucket: one all_reduce in all.",
     after="gradients_are_the_mean_over_ranks",
+    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def one_all_reduce_with_the_default_size(seen, ctx):
     """bucket_mb defaults to 25 MiB, which holds the whole small network: one call."""
@@ -167,6 +169,7 @@ def one_all_reduce_with_the_default_size(seen, ctx):
     "bucket_mb * 2**20 bytes (numel() * element_size()); a gradient bigger than that on its "
     "own gets a bucket of its own.",
     after="gradients_are_the_mean_with_small_buckets",
+    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def no_bucket_over_the_limit(seen, ctx):
     """No all_reduce carries more than bucket_mb MiB, unless it holds a single gradient."""
@@ -201,6 +204,7 @@ def no_bucket_over_the_limit(seen, ctx):
     "parameters()))): backward() finishes the last layers' gradients first, so DDP reduces "
     "them first, while the first layers are still being computed.",
     after="gradients_are_the_mean_with_small_buckets",
+    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def buckets_start_from_the_last_parameter(seen, ctx):
     """The first bucket holds the last parameter's gradient, as DDP's do."""

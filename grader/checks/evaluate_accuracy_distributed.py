@@ -178,6 +178,7 @@ def a_rank_without_data_still_takes_part(seen, ctx):
     points=1,
     hint="Return a Python number: float(correct / total), not a tensor.",
     after="every_rank_returns_the_accuracy_of_the_whole_set",
+    because="the type of the result matters only where the result is the accuracy",
 )
 def returns_a_python_float(seen, ctx):
     """The accuracy comes back as a float, as d2l.evaluate_accuracy_gpu's does."""

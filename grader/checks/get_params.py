@@ -16,6 +16,7 @@ from grader.api import (
     expect_close,
     expect_equal,
     lenet_loss,
+    observe,
     random_batch,
     seeded,
     short,
@@ -41,6 +42,20 @@ def copies_of(seen, count: int = 8) -> list[SeenTensor]:
         _("get_params returned {got} tensors for {count} parameters").format(
             got=len(seen), count=count
         ),
+    )
+    return list(seen)
+
+
+IN_ORDER = N_("copy i is compared with parameter i, which needs one copy per parameter, in order")
+
+
+def tensors_of(seen) -> list[SeenTensor]:
+    """Return every tensor get_params returned, however many; without a list of tensors
+    there is nothing to look at (returns_one_copy_per_parameter judges that)."""
+    observe(
+        isinstance(seen, list | tuple) and all(isinstance(t, SeenTensor) for t in seen),
+        "returns_one_copy_per_parameter",
+        N_("get_params returned no list of tensors to look at"),
     )
     return list(seen)
 
@@ -101,7 +116,11 @@ def returns_one_copy_per_parameter(seen, ctx):
 
 
 @check(
-    book_demo, points=1, hint="Copy the values unchanged.", after="returns_one_copy_per_parameter"
+    book_demo,
+    points=1,
+    hint="Copy the values unchanged.",
+    after="returns_one_copy_per_parameter",
+    because=IN_ORDER,
 )
 def copies_hold_the_same_values(seen, ctx):
     """Each copy holds its parameter's values."""
@@ -114,6 +133,7 @@ def copies_hold_the_same_values(seen, ctx):
     points=1,
     hint="b1 starts as zeros; its copy must be a leaf whose grad is None.",
     after="returns_one_copy_per_parameter",
+    because=IN_ORDER,
 )
 def b1_is_twenty_zeros_with_no_grad(seen, ctx):
     """The book's demo: the copy of b1 is 20 zeros and its grad is None."""
@@ -127,12 +147,11 @@ def b1_is_twenty_zeros_with_no_grad(seen, ctx):
     to_the_second_device,
     points=1,
     hint="Move each copy with .to(device).",
-    after="returns_one_copy_per_parameter",
 )
 def copies_are_on_the_device(seen, ctx):
     """Every copy lives on the device it was asked for."""
     wanted = str(ctx.devices[1])
-    for i, c in enumerate(copies_of(seen)):
+    for i, c in enumerate(tensors_of(seen)):
         expect(
             c.device == wanted,
             _("copy {i} is on {got}, expected {wanted}").format(i=i, got=c.device, wanted=wanted),
@@ -143,11 +162,10 @@ def copies_are_on_the_device(seen, ctx):
     book_demo,
     points=1,
     hint="Call .requires_grad_() on each copy.",
-    after="returns_one_copy_per_parameter",
 )
 def copies_are_leaves_that_require_grad(seen, ctx):
     """Each copy is a leaf tensor that requires grad and has no grad yet."""
-    for i, c in enumerate(seen["copies"]):
+    for i, c in enumerate(tensors_of(seen["copies"])):
         expect(
             c.requires_grad,
             _("copy {i} does not require grad, so SGD would never update it").format(i=i),
@@ -159,15 +177,16 @@ def copies_are_leaves_that_require_grad(seen, ctx):
         expect(c.grad is None, _("copy {i} already has a grad").format(i=i))
 
 
-@check(
-    onto_the_same_device, points=2, hint=SAME_TENSOR_HINT, after="returns_one_copy_per_parameter"
-)
+@check(onto_the_same_device, points=2, hint=SAME_TENSOR_HINT)
 def copies_are_independent_of_the_originals(seen, ctx):
     """Changing a copy leaves its original alone, even when both are on the same device."""
+    # No copy is an original, whatever the number of copies; and every original keeps its values.
     originals = seen["originals"]
-    for i, (c, p) in enumerate(zip(copies_of(seen["copies"]), originals, strict=True)):
-        if c.ptr == p.ptr or c.ident == p.ident:
-            raise Fail(_("copy {i} is the original tensor itself (same memory)").format(i=i))
+    for i, c in enumerate(tensors_of(seen["copies"])):
+        for p in originals:
+            if c.ptr == p.ptr or c.ident == p.ident:
+                raise Fail(_("copy {i} is the original tensor itself (same memory)").format(i=i))
+    for i, p in enumerate(originals):
         expect_close(
             p,
             dplab.lenet_params(seed=ctx.seed)[i],
@@ -181,10 +200,10 @@ def copies_are_independent_of_the_originals(seen, ctx):
     book_demo,
     points=1,
     hint="Leave the caller's tensors alone: set requires_grad on the copies only.",
-    after="returns_one_copy_per_parameter",
 )
 def originals_are_left_untouched(seen, ctx):
     """The parameters passed in keep their values and still do not require grad."""
+    tensors_of(seen["copies"])  # without copies, leaving the originals alone is no feat
     for i, p in enumerate(seen["originals"]):
         expect(isinstance(p, SeenTensor), _("original {i} is no longer a tensor").format(i=i))
         expect(
@@ -201,6 +220,7 @@ def originals_are_left_untouched(seen, ctx):
     points=1,
     hint="The copies must be leaves that require grad, so backward fills their .grad.",
     after="returns_one_copy_per_parameter",
+    because=IN_ORDER,
 )
 def gradients_reach_the_copies(seen, ctx):
     """After backward through LeNet, every copy holds the gradient of the loss."""
@@ -208,7 +228,11 @@ def gradients_reach_the_copies(seen, ctx):
     X, y = random_batch(seeded(ctx.seed), 4)
     lenet_loss(dplab.lenet(X, params), y).sum().backward()
     for i, (c, p) in enumerate(zip(copies_of(seen), params, strict=True)):
-        expect(c.grad is not None, _("copy {i} has no grad after backward").format(i=i))
+        expect(
+            c.grad is not None,
+            _("copy {i} has no grad after backward").format(i=i),
+            see=None if c.is_leaf else "copies_are_leaves_that_require_grad",
+        )
         expect_close(c.grad, p.grad, _("the grad of copy {i}").format(i=i))
 
 

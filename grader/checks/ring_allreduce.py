@@ -254,6 +254,7 @@ def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     hint="Work on tensor.view(-1) (a view, not a copy) so that receiving into a chunk writes "
     "into the caller's tensor; if you had to copy, copy the result back with tensor.copy_().",
     after="every_rank_holds_the_sum",
+    because="a tensor can be seen to be written in place only once it holds the sum",
 )
 def sums_in_place(seen, ctx):
     """The tensor passed in holds the sum afterwards, with its shape: the caller sees it."""
@@ -298,6 +299,7 @@ def uses_only_point_to_point_calls(seen, ctx):
     hint="In a ring, rank r sends only to (r + 1) % world_size and receives only from "
     "(r - 1) % world_size (or the other way round, the same for every rank).",
     after="uses_only_point_to_point_calls",
+    because="a ring's partners are read from its sends and receives; a collective names none",
 )
 def talks_only_to_its_ring_neighbours(seen, ctx):
     """Each rank sends to one neighbour and receives from the other, as in a ring."""
@@ -321,6 +323,7 @@ def talks_only_to_its_ring_neighbours(seen, ctx):
     hint="Send chunks of 1/world_size of the tensor, not the whole tensor: 2 (N - 1) chunks "
     "per rank in all, N - 1 in the reduce-scatter and N - 1 in the all-gather.",
     after=("every_rank_holds_the_sum", "uses_only_point_to_point_calls"),
+    because="the chunks are counted from the sends of a ring that sums with sends alone",
 )
 def each_rank_sends_two_n_minus_one_chunks(seen, ctx):
     """Each rank sends 2 (N - 1) / N of the tensor's elements: what makes the ring fast."""

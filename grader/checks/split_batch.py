@@ -3,15 +3,21 @@
 import torch
 
 from grader.api import (
+    N_,
+    Crash,
     Fail,
     SeenTensor,
+    Unobserved,
     _,
+    attempt,
     case,
     check,
     cycle,
     error_hints,
     expect,
     expect_equal,
+    observe,
+    raised_in,
     short,
 )
 
@@ -40,6 +46,27 @@ def pair_of(seen) -> tuple[list[SeenTensor], list[SeenTensor]]:
     return shards_of(seen[0], "X"), shards_of(seen[1], "y")
 
 
+def shards_seen(seen) -> tuple[list[SeenTensor], list[SeenTensor]]:
+    """Return (X shards, y shards) for a check that looks at them; a result that is no pair
+    of shard lists shows nothing to look at (book_demo_gives_rows_0_1_and_2_3 judges it)."""
+    try:
+        return pair_of(seen)
+    except Fail:
+        raise Unobserved(
+            "book_demo_gives_rows_0_1_and_2_3",
+            N_("split_batch returned no pair of shard lists to look at"),
+        ) from None
+
+
+def finished_calls(seen: list) -> list[tuple[int, object]]:
+    """Return (index, result) of the calls that returned; if none did, raise Crash (the
+    check has nothing to judge), so a call that raises costs the checks about its batch."""
+    done = [(i, r["returned"]) for i, r in enumerate(seen) if raised_in(r) is None]
+    if not done:
+        raise Crash(raised_in(seen[0]), every_call=True, calls=len(seen))
+    return done
+
+
 def numbered_batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return X whose row i is filled with i, and labels 100 + i, so every row can be traced."""
     X = torch.arange(rows, dtype=torch.float32).reshape(rows, 1, 1, 1).expand(rows, 1, 2, 2)
@@ -54,31 +81,35 @@ def book_demo(student, ctx):
 
 @case
 def uneven_batches(student, ctx):
-    """5 rows over 2 devices, 7 rows over 3 and 8 rows over 4, every row numbered."""
+    """5 rows over 2 devices, 7 rows over 3 and 8 rows over 4, every row numbered; each call
+    on its own, so that one that raises costs only the checks about its batch."""
+    fn = student.fn
     results = []
     for rows, k in UNEVEN:
         X, y = numbered_batch(rows)
-        results.append(student.fn(X, y, cycle(ctx.devices, k)))
+        results.append(attempt(fn, X, y, cycle(ctx.devices, k)))
     return results
 
 
 @case
 def given_batches(student, ctx, batches: list[tuple[torch.Tensor, torch.Tensor, int]]):
-    """The (X, y, number of devices) batches the grader sends, each split once."""
-    return [student.fn(X, y, cycle(ctx.devices, k)) for X, y, k in batches]
+    """The (X, y, number of devices) batches the grader sends, each split once, on its own."""
+    fn = student.fn
+    return [attempt(fn, X, y, cycle(ctx.devices, k)) for X, y, k in batches]
 
 
 @case
 def mismatched_lengths(student, ctx):
-    """Four examples with three labels."""
+    """Four examples with three labels; then four with four, which must be split."""
     split_batch = student.fn  # a missing function is not a rejection
+    right = attempt(split_batch, torch.zeros(4, 3), torch.zeros(4), ctx.devices[:2])
     try:
         result = split_batch(torch.zeros(4, 3), torch.zeros(3), ctx.devices[:2])
     except NotImplementedError:
         raise
     except Exception as error:
-        return {"raised": type(error).__name__, "message": str(error), "result": None}
-    return {"raised": None, "message": "", "result": result}
+        return {"raised": type(error).__name__, "message": str(error), "right": right}
+    return {"raised": None, "message": "", "right": right, "result": result}
 
 
 @check(
@@ -104,7 +135,10 @@ def book_demo_gives_rows_0_1_and_2_3(seen, ctx):
 )
 def shard_sizes_follow_torch_chunk(seen, ctx):
     """Shard sizes are those of torch.chunk: 5 over 2 gives 3 and 2."""
-    for (rows, k), result in zip(UNEVEN, seen, strict=True):
+    # A batch the code refuses (as MXNet's even split does) has no sizes: the error is
+    # charged here, and the other checks judge the batches that were split.
+    for i, result in finished_calls(seen):
+        rows, k = UNEVEN[i]
         xs, _ys = pair_of(result)
         sizes = [x.shape[0] if x.shape else 0 for x in xs]
         wanted = [len(c) for c in torch.chunk(torch.arange(rows), k)]
@@ -114,23 +148,30 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
                 rows=rows, k=k, sizes=sizes, wanted=wanted
             ),
         )
+    crash = next((raised_in(r) for r in seen if raised_in(r) is not None), None)
+    if crash is not None:
+        raise Crash(crash)
 
 
 @check(
     uneven_batches,
     points=1,
     hint="Take contiguous rows in order; do not shuffle or interleave.",
-    after="shard_sizes_follow_torch_chunk",
 )
 def shards_keep_the_row_order(seen, ctx):
     """Put back together, the X shards are the batch, row for row."""
-    for (rows, k), result in zip(UNEVEN, seen, strict=True):
-        xs, _ys = pair_of(result)
-        joined = torch.cat([x.value for x in xs])
+    # Rows left out, the rest in order (shards of the wrong sizes), are the sizes' cause.
+    for i, result in finished_calls(seen):
+        rows, k = UNEVEN[i]
+        xs, _ys = shards_seen(result)
+        joined = torch.cat([x.value for x in xs]) if xs else torch.empty(0, 1, 2, 2)
+        order = joined[:, 0, 0, 0].long().tolist() if joined.dim() == 4 else []
+        in_order = order == sorted(set(order)) and len(order) < rows
         expect_equal(
             joined,
             numbered_batch(rows)[0],
             _("{rows} rows over {k} devices, shards joined").format(rows=rows, k=k),
+            see="shard_sizes_follow_torch_chunk" if in_order else None,
         )
 
 
@@ -138,24 +179,24 @@ def shards_keep_the_row_order(seen, ctx):
     uneven_batches,
     points=1,
     hint="Split y exactly as X, so that shard i of y holds the labels of shard i of X.",
-    after="shard_sizes_follow_torch_chunk",
 )
 def labels_stay_with_their_examples(seen, ctx):
     """Shard i of y holds the labels of the rows in shard i of X."""
-    for (rows, k), result in zip(UNEVEN, seen, strict=True):
-        xs, ys = pair_of(result)
+    for i, result in finished_calls(seen):
+        rows, k = UNEVEN[i]
+        xs, ys = shards_seen(result)
         expect(
             len(ys) == len(xs),
             _("{rows} rows over {k} devices: {xs} X shards but {ys} y shards").format(
                 rows=rows, k=k, xs=len(xs), ys=len(ys)
             ),
         )
-        for i, (x, yy) in enumerate(zip(xs, ys, strict=True)):
+        for j, (x, yy) in enumerate(zip(xs, ys, strict=True)):
             rows_here = x.value[:, 0, 0, 0].long() + 100
             expect_equal(
                 yy,
                 rows_here,
-                _("{rows} rows over {k} devices, y shard {i}").format(rows=rows, k=k, i=i),
+                _("{rows} rows over {k} devices, y shard {i}").format(rows=rows, k=k, i=j),
             )
 
 
@@ -163,12 +204,12 @@ def labels_stay_with_their_examples(seen, ctx):
     uneven_batches,
     points=1,
     hint="Move shard i of X and of y to devices[i].",
-    after="shard_sizes_follow_torch_chunk",
 )
 def shards_land_on_their_devices(seen, ctx):
     """Shard i of X and of y is on devices[i]."""
-    for (rows, k), result in zip(UNEVEN, seen, strict=True):
-        xs, ys = pair_of(result)
+    for i, result in finished_calls(seen):
+        rows, k = UNEVEN[i]
+        xs, ys = shards_seen(result)
         wanted = [str(d) for d in cycle(ctx.devices, k)][: len(xs)]
         for name, shards in (("X", xs), ("y", ys)):
             got = [s.device for s in shards]
@@ -187,10 +228,14 @@ def shards_land_on_their_devices(seen, ctx):
     hint="Check first that X and y have the same number of rows, and raise an error that "
     "says so, for example: assert X.shape[0] == y.shape[0], f'{X.shape[0]} examples but "
     "{y.shape[0]} labels'.",
-    after="book_demo_gives_rows_0_1_and_2_3",  # raising earns nothing if nothing else works
 )
 def rejects_mismatched_lengths_with_a_message(seen, ctx):
     """Four examples with three labels raise an error whose message says what is wrong."""
+    observe(
+        raised_in(seen["right"]) is None,
+        "book_demo_gives_rows_0_1_and_2_3",
+        N_("a refusal says nothing of lengths where a right batch is refused too"),
+    )
     expect(
         seen["raised"] is not None,
         _(

@@ -282,6 +282,7 @@ def ranks_end_with_identical_parameters(seen, ctx):
     "not net(X)) on the rank's batch, backward, then optimizer.step() with "
     "torch.optim.SGD(model.parameters(), lr): DDP averages the gradients during backward.",
     after="ranks_end_with_identical_parameters",
+    because="one process's weights compare with the ranks' only where the ranks agree",
 )
 def matches_one_process_on_the_same_global_batches(seen, ctx):
     """The weights equal one process's, trained by SGD on the global batches the ranks saw."""

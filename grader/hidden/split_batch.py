@@ -2,7 +2,7 @@
 
 import torch
 
-from grader.api import _, check, expect, expect_equal
+from grader.api import Crash, Fail, _, check, expect, expect_equal, raised_in
 from grader.checks.split_batch import given_batches, pair_of
 
 
@@ -33,16 +33,42 @@ random_batches_over_devices = given_batches.using(
 )
 def matches_the_reference_on_random_batches(seen, ctx):
     """On random batches, the shards are those of the reference split_batch."""
-    for (X, y, k), result in zip(random_batches(ctx.seed), seen, strict=True):
-        xs, ys = pair_of(result)
+    # A difference has the cause of the public check that judges it on the numbered batches
+    # (the shards' sizes, the order of the rows, the labels), which it names: it charges only
+    # where that check passed. A refused batch is the sizes' cause too.
+    if all(raised_in(r) is not None for r in seen):
+        sizes = "shard_sizes_follow_torch_chunk"  # which charges the error where it saw it
+        raise Crash(raised_in(seen[0]), every_call=True, calls=len(seen), see=sizes)
+    for (X, y, k), call in zip(random_batches(ctx.seed), seen, strict=True):
+        crash = raised_in(call)
+        if crash is not None:
+            raise Fail(
+                _("{rows} rows over {k} devices: split_batch raised {error}: {message}").format(
+                    rows=len(X), k=k, error=crash.type, message=crash.message
+                ),
+                see="shard_sizes_follow_torch_chunk",
+            )
+        xs, ys = pair_of(call["returned"])
         want_x, want_y = ctx.reference["split_batch"](X, y, [torch.device("cpu")] * k)
+        sizes = [x.shape[0] if x.shape else 0 for x in xs]
         expect(
-            len(xs) == len(want_x),
-            _("{rows} rows over {k} devices gave {got} shards, expected {wanted}").format(
-                rows=len(X), k=k, got=len(xs), wanted=len(want_x)
+            sizes == [len(w) for w in want_x],
+            _("{rows} rows over {k} devices gave shards of {sizes}, expected {wanted}").format(
+                rows=len(X), k=k, sizes=sizes, wanted=[len(w) for w in want_x]
             ),
+            see="shard_sizes_follow_torch_chunk",
         )
         for i, (a, b, c, d) in enumerate(zip(xs, want_x, ys, want_y, strict=True)):
             where = {"rows": len(X), "k": k, "i": i}
-            expect_equal(a, b, _("{rows} rows over {k} devices, X shard {i}").format(**where))
-            expect_equal(c, d, _("{rows} rows over {k} devices, y shard {i}").format(**where))
+            expect_equal(
+                a,
+                b,
+                _("{rows} rows over {k} devices, X shard {i}").format(**where),
+                see="shards_keep_the_row_order",
+            )
+            expect_equal(
+                c,
+                d,
+                _("{rows} rows over {k} devices, y shard {i}").format(**where),
+                see="labels_stay_with_their_examples",
+            )

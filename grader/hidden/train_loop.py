@@ -18,9 +18,20 @@ one_device = recorded_run.using(
 )
 def works_with_a_single_device(seen, ctx):
     """With one device, every step trains that device's one replica on every batch."""
+    # Steps in another order or number are visits_every_batch_once_per_epoch's cause.
     device = [str(ctx.devices[0])]
     got = [(e[1], e[2], e[3]) for e in seen["log"] if e[0] == "step"]
     wanted = [(f"train {i}", [0], device) for i in range(3)] * EPOCHS
+    batches = [g[0] for g in got]
+    loop_slip = bool(batches) and all(b.startswith("train ") for b in batches)
+    expect(
+        batches == [w[0] for w in wanted],
+        _(
+            "with one device, train_batch saw {count} batches, expected batches 0, 1, 2 in each "
+            "of {epochs} epochs"
+        ).format(count=len(got), epochs=EPOCHS),
+        see="visits_every_batch_once_per_epoch" if loop_slip else None,
+    )
     expect(
         got == wanted,
         _(

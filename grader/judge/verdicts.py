@@ -4,7 +4,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from grader.api import Check, Context, Crash, Fail, Raised, raised_in
+from grader.api import Check, Context, Crash, Fail, Raised, Unobserved, raised_in
 from grader.base.values import unpack
 from grader.devices import grading_devices
 from grader.i18n import N_, _
@@ -130,6 +130,13 @@ class Verdict:
     crash: Raised | None = None
     see: str | None = None
     judged: bool = True  # False: not judged at all (no outcome, or an `after` check failed)
+    observed: bool = True  # False: failed without seeing its property (not judged, every call
+    # raised, or Unobserved): nothing is charged for a cause of its own
+
+    @property
+    def charged(self) -> bool:
+        """Return True when the check lost its points for a cause it saw itself."""
+        return not self.result.passed and self.observed
 
 
 def judge_check(
@@ -162,30 +169,44 @@ def judge_check(
         hint = common_hint(raised, function) or diagnose(raised) or crash_hint(function)
         return failed(error_message(raised, function, nothing_finished, calls), hint, raised)
 
-    if outcome is None:
-        verdict = failed(missing or _("this check's case did not run"), None)
-        verdict.judged = False
+    def unjudged(message: str, hint: str | None) -> Verdict:
+        verdict = failed(message, hint)
+        verdict.judged = verdict.observed = False
         return verdict
+
+    if outcome is None:
+        return unjudged(missing or _("this check's case did not run"), None)
     for before in check.after:
         if not verdicts.get(before, False):
-            verdict = failed(
-                _("not judged until `{check}` passes").format(check=before),
+            return unjudged(
+                _("not judged until `{check}` passes: {because}").format(
+                    check=before, because=_(check.because)
+                ),
                 _("Fix `{check}` first.").format(check=before),
             )
-            verdict.judged = False
-            return verdict
     if "stopped" in outcome:
         stopped = str(outcome["stopped"])  # (said by the supervisor, in the reader's language)
         return failed(with_reference_time(_(stopped), outcome), LIMIT_HINT)
     if "error" in outcome:  # the case itself raised: no call of the student's finished
         verdict = crashed(Raised.from_data(outcome["error"]), nothing_finished=True)
         verdict.result.message = with_reference_time(verdict.result.message, outcome)
+        verdict.observed = False
         return verdict
     seen = unpack(outcome.get("value"))
     try:
         check.judge(seen, ctx.for_case(check.case.name))
     except Crash as crash:  # the check needed a call that raised
-        return crashed(crash.raised, crash.every_call, crash.calls)
+        verdict = crashed(crash.raised, crash.every_call, crash.calls)
+        verdict.observed = not crash.every_call
+        verdict.see = crash.see
+        return verdict
+    except Unobserved as blind:
+        return unjudged(
+            _("not judged: {because} (`{check}` judges that)").format(
+                because=_(blind.because), check=blind.until
+            ),
+            _("Fix `{check}` first.").format(check=blind.until),
+        )
     except Fail as fail:
         crash = raised_in(seen)
         if crash is None:
@@ -254,6 +275,19 @@ def judge_exercise(
     missing: str = "",
 ) -> ExerciseResult:
     """Judge every check of an exercise in order (so `after` can look at earlier verdicts)."""
+    judged = judge_verdicts(function, checks, outcomes, ctx, diagnose, missing)
+    return exercise_result(exercise_id, [v.result for v in judged], notes)
+
+
+def judge_verdicts(
+    function: str,
+    checks: list[Check],
+    outcomes: dict[str, dict],
+    ctx: Context,
+    diagnose: Diagnose,
+    missing: str = "",
+) -> list[Verdict]:
+    """Return the verdict on every check, in order, each failure paid once (`paid_once`)."""
     verdicts: dict[str, bool] = {}
     judged = []
     for c in checks:
@@ -264,22 +298,32 @@ def judge_exercise(
         judged.append(verdict)
     name_what_a_crash_blocked(judged)
     paid_once(judged)
-    return exercise_result(exercise_id, [v.result for v in judged], notes)
+    return judged
 
 
 def paid_once(judged: list[Verdict]) -> None:
     """Give its points back to each check that failed for a cause another check owns, where
-    that check was judged and failed for a cause of its own; its message says which (see
-    grader.api.Fail)."""
-    charged = {v.result.name for v in judged if not v.result.passed and v.judged and not v.see}
+    that check saw its property fail for a cause of its own (or, in turn, for one a third
+    check charges); its message names the check that charges (see grader.api.Fail). A check
+    that saw nothing (not judged, or every call raised) charges for nothing."""
+    failed = {v.result.name: v for v in judged if not v.result.passed and v.observed}
+
+    def charging(name: str | None, hops: int = 0) -> str | None:
+        v = failed.get(name or "")
+        if v is None or hops > len(failed):
+            return None
+        return name if v.see is None else charging(v.see, hops + 1)
+
+    owners = {id(v): charging(v.see) for v in judged if v.see is not None}
     for v in judged:
-        if v.see is not None and v.see in charged:
+        owner = owners.get(id(v))
+        if owner is not None:
             r = v.result
             r.passed, r.points, r.hint = True, r.max_points, ""
             said = r.message.splitlines()[0]
             said = said if len(said) <= 100 else said[:99] + "…"
             r.message = _("kept its points: `{check}` charges for the same cause ({said})").format(
-                check=v.see, said=said
+                check=owner, said=said
             )
 
 

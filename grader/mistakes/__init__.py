@@ -2,12 +2,15 @@
 
 Each `Mistake` is the source of a wrong function, the check it must fail, words its hint
 must contain, and words no hint of its exercise may show (hints of mistakes it did not
-make). Many come from real students' notes. `tests/test_mistakes.py` grades every entry and
-holds the checks to it; `python -m grader mistakes` prints the catalogue.
+make). One mistake is one cause, and costs one check: graded on every check of its
+exercise, hidden ones included, it loses points on no other check but those named in
+`also`, each with the reason it is a cause of its own. Many come from real students' notes.
+`tests/test_mistakes.py` grades every entry and holds the checks to it; `python -m grader
+mistakes` prints the catalogue.
 """
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grader.manifest import Exercise
 
@@ -21,6 +24,8 @@ class Mistake:
     hint_mentions: str  # words the hint of that check must contain
     seen_in: str = ""  # where the mistake was seen
     hints_never: tuple[str, ...] = ()  # words no failed check of the exercise may hint
+    also: dict[str, str] = field(default_factory=dict)  # other checks it costs, and why each
+    # is a cause of its own
 
 
 def variant(template: str, right: dict[str, str], **changes: str) -> str:

@@ -87,8 +87,23 @@ def allreduce(data):
     for i in range(1, len(data)):
         data[i][:] = data[0].to(data[i].device)
 """,
-    fails="writes_into_the_tensors_it_was_given",
+    fails="every_tensor_holds_the_sum",
     hint_mentions="Move each tensor to data[0]'s device",
     hints_never=NOT_MADE,
-    seen_in="a lab trial: only the list of one tensor finished, and had earned this check",
+    seen_in="a lab trial: only the list of one tensor finished, and had earned "
+    "writes_into_the_tensors_it_was_given, which now sees no finished call to judge",
+)
+
+shares_the_total_through_data = Mistake(
+    source="""
+def allreduce(data):
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(data[0].device)
+    for i in range(1, len(data)):
+        data[i].data = data[0].to(data[i].device)
+""",
+    fails="no_two_results_share_memory",
+    hint_mentions="data[i].data = ...",
+    seen_in="code that assigns .data to write in place: on the same device, .to() returns "
+    "the total itself, so two gradients become one tensor",
 )

@@ -40,7 +40,7 @@ def get_params(params, device):
 copies_that_are_not_leaves = Mistake(
     source="""
 def get_params(params, device):
-    leaves = [p.detach().clone().requires_grad_() for p in params]
+    leaves = [p.detach().clone().to(device).requires_grad_() for p in params]
     return [p * 1 for p in leaves]
 """,
     fails="copies_are_leaves_that_require_grad",

@@ -49,7 +49,7 @@ divides_by_the_shard_size = Mistake(
 
 averages_the_loss = Mistake(
     source=variant(BOOK, RIGHT, REDUCTION="mean"),
-    fails="uneven_split_matches_one_sgd_step",
+    fails="every_replica_matches_one_sgd_step",
     hint_mentions="sum the per-example losses",
 )
 
@@ -62,6 +62,6 @@ never_zeroes_the_gradients = Mistake(
             "            for p in param:\n                p -= lr * p.grad / X.shape[0]"
         ),
     ),
-    fails="two_steps_match_two_sgd_steps",
-    hint_mentions="zero the gradients after each update",
+    fails="nothing_carries_over_between_steps",
+    hint_mentions="Zero the gradients once they have been used",
 )

@@ -75,7 +75,7 @@ forward_through_the_inner_network = Mistake(
 
 net_not_on_the_first_device = Mistake(
     source=variant(BOOK, RIGHT, MOVED="net"),
-    fails="puts_the_net_on_the_first_device_before_wrapping",
+    fails="moves_the_net_to_the_first_device",
     hint_mentions="net.to(devices[0])",
     seen_in="the book's concise code, which leaves this step out",
 )
