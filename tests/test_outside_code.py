@@ -9,6 +9,7 @@ DPLAB_DEVICES=cpu, and, where there is a GPU, with the GPU and without it.
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -28,16 +29,28 @@ SLIPS = {
         "split_batch": {"rejects_mismatched_lengths_with_a_message": "with an empty message"},
         "train_loop": {"returns_the_accuracy_history": "returned None"},
         "train_dataparallel": {
-            "puts_the_net_on_the_first_device_before_wrapping": "cpu",
+            "moves_the_net_to_the_first_device": "cpu",
             "returns_the_accuracy_history": "returned None",
         },
     },
     "d2l_en_1_0": {
         "try_all_gpus": {"gives_the_cpu_when_there_is_no_gpu": "cpu"},
         "train_dataparallel": {
-            "puts_the_net_on_the_first_device_before_wrapping": "cpu",
+            "moves_the_net_to_the_first_device": "cpu",
             "returns_the_accuracy_history": "returned None",
         },
+    },
+    "d2l_mxnet_port": {
+        "split_batch": {"shard_sizes_follow_torch_chunk": "cannot split 5 examples evenly"},
+    },
+    "d2l_zh_paddle": {},
+    "d2l_zh_tensorflow": {},
+    "dive_into_dl_pytorch": {
+        "get_params": {"copies_are_independent_of_the_originals": "same memory"},
+    },
+    "pytorch_dp_tutorial": {},
+    "torchvision_resnet": {
+        "resnet18": {"names_its_stages_like_the_book": "'layer1'"},
     },
     "pytorch_tutorial": {
         "ring_allreduce": {"each_rank_sends_two_n_minus_one_chunks": "sent 48 elements"},
@@ -51,6 +64,13 @@ SLIPS = {
     "course_buckets": {},
 }
 BOOK = ("d2l_zh_2_0", "d2l_en_1_0")
+# The submissions of the first two notebooks: graded with DPLAB_DEVICES=cpu as well.
+FIRST_TWO = tuple(
+    edition
+    for edition in SLIPS
+    if {"from_scratch.ipynb", "concise.ipynb"}
+    & {f"{p.stem}.ipynb" for p in (OUTSIDE / edition).glob("*.py")}
+)
 
 
 def slipped(edition: str) -> dict[str, set[str]]:
@@ -118,9 +138,27 @@ def on_stand_ins(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def on_the_cpu(tmp_path_factory):
-    """The book's editions graded with DPLAB_DEVICES=cpu. The distributed notebook is left
-    out: its ranks compute on the CPU (gloo) whatever DPLAB_DEVICES says."""
-    return grade(write_class(tmp_path_factory.mktemp("outside-cpu"), BOOK), DPLAB_DEVICES="cpu")
+    """The submissions of the first two notebooks graded with DPLAB_DEVICES=cpu. The
+    distributed notebook is left out: its ranks compute on the CPU (gloo) whatever
+    DPLAB_DEVICES says."""
+    root = write_class(tmp_path_factory.mktemp("outside-cpu"), FIRST_TWO)
+    return grade(root, DPLAB_DEVICES="cpu")
+
+
+def header_slips(edition: str) -> set[str]:
+    """Return the checks the headers of an edition's scripts say its slips cost (`-> name`)."""
+    named = set()
+    for script in (OUTSIDE / edition).glob("*.py"):
+        header = script.read_text(encoding="utf-8").split("# %%")[0]
+        named |= set(re.findall(r"-> (\w+)", header)) - {"no"}  # "-> no check": a habit
+    return named
+
+
+def test_every_outside_submission_is_graded_with_the_slips_its_header_names():
+    folders = {p.name for p in OUTSIDE.iterdir() if p.is_dir() and not p.name.startswith("_")}
+    assert folders == set(SLIPS)
+    for edition, exercises in SLIPS.items():
+        assert header_slips(edition) == set().union(*exercises.values()), edition
 
 
 @pytest.mark.parametrize("edition", sorted(SLIPS))
@@ -169,7 +207,7 @@ def test_launches_at_the_top_level_are_not_run_and_cost_nothing(on_stand_ins):
 
 
 def test_the_grade_is_the_same_with_dplab_devices_cpu(on_stand_ins, on_the_cpu):
-    for edition in BOOK:
+    for edition in FIRST_TWO:
         assert verdicts(on_the_cpu[edition]) == verdicts(on_stand_ins[edition]), edition
 
 

@@ -1,6 +1,7 @@
 # Slips, and the one check each must cost:
-#   train: the network is not moved to devices[0] before nn.DataParallel, as in the book
-#          -> puts_the_net_on_the_first_device_before_wrapping
+#   train: the network is never moved to devices[0], as in the book: nn.DataParallel refuses
+#          the first minibatch of a network left on the CPU
+#          -> moves_the_net_to_the_first_device
 #   train: returns nothing, as in the book -> returns_the_accuracy_history
 
 # %% [markdown]
