@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 from grader.manifest import load_manifest
-from grader.mistakes import mistakes_of, variant
+from grader.mistakes import mistakes_of, train_dataparallel, variant
 from tests.conftest import fresh_solution, grade_in_process, grade_source, verdicts_of_source
 
 CATALOGUE = [
@@ -224,31 +224,10 @@ def resnet18(num_classes, in_channels=1):  # torchvision's blocks, under the boo
     net.add_module('fc', nn.Sequential(nn.Flatten(), tv.fc))
     return net
 """,
-    "train_dataparallel": """
-def train(net, num_gpus, batch_size, lr, num_epochs=10, data=None, devices=None):
-    train_iter, test_iter = data if data is not None else d2l.load_data_fashion_mnist(batch_size)
-    devices = devices if devices is not None else [d2l.try_gpu(i) for i in range(num_gpus)]
-    def init_weights(m):
-        if type(m) in [nn.Linear, nn.Conv2d]:
-            nn.init.normal_(m.weight, std=0.01)
-    net.apply(init_weights)
-    net = nn.DataParallel(net, device_ids=devices).to(devices[0])  # wrapped, then moved
-    trainer = torch.optim.SGD(net.parameters(), lr)
-    loss = nn.CrossEntropyLoss()
-    timer, animator = d2l.Timer(), d2l.Animator('epoch', 'test acc', xlim=[1, num_epochs])
-    for epoch in range(num_epochs):
-        net.train()
-        timer.start()
-        for X, y in train_iter:
-            trainer.zero_grad()
-            X, y = X.to(devices[0]), y.to(devices[0])
-            loss(net(X), y).backward()
-            trainer.step()
-        timer.stop()
-        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(net, test_iter),))
-    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on {str(devices)}')
-    return animator.Y[0]
-""",
+    # the book's concise train, wrapped first and then moved, as PyTorch's tutorial does
+    "train_dataparallel": variant(
+        train_dataparallel.BOOK, train_dataparallel.RIGHT, MOVED="net"
+    ).replace("device_ids=devices)", "device_ids=devices).to(devices[0])"),
 }
 
 
