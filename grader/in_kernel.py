@@ -25,7 +25,7 @@ from grader.ranks.pools import rank_pools
 from grader.report.results import render_exercise
 from grader.sandbox.runner import run_checks
 
-_public: dict[str, tuple[object, list[CheckResult]]] = {}
+_public: dict[str, tuple[object, dict]] = {}  # each exercise's function and public outcomes
 
 
 def _shell():
@@ -57,14 +57,27 @@ def _namespace(ex: Exercise, function: Callable | None) -> dict:
     return shell.user_ns
 
 
-def _run(ex: Exercise, namespace: dict, hidden: bool) -> list[CheckResult]:
+def _context(ex: Exercise, hidden: bool) -> Context:
+    known = reference_if_available(ex.notebook) if hidden else None  # the instructor's side
+    return Context(int(settings.SEED.get()), grading_devices(DEVICES), known)
+
+
+def _outcomes(ex: Exercise, namespace: dict, hidden: bool) -> dict:
+    """Run the cases of the exercise's public (or hidden) checks; return their outcomes."""
     checks = hidden_checks(ex) if hidden else public_checks(ex)
-    seed = int(settings.SEED.get())
-    known = reference_if_available(ex.notebook)  # the instructor's side only
-    ctx = Context(seed, grading_devices(DEVICES), known if hidden else None)
     student = Student(namespace, ex.function, "this notebook")
+    known = reference_if_available(ex.notebook)
     with rank_pools(namespace, "this notebook"):  # the distributed cases share their ranks
-        outcomes = run_checks(checks, student, ctx, held=known)
+        return run_checks(checks, student, _context(ex, hidden), held=known)
+
+
+def _run(ex: Exercise, namespace: dict, hidden: bool, public: dict) -> list[CheckResult]:
+    """Judge the public checks on `public` (their outcomes), and with `hidden` the hidden
+    ones too, together: a hidden check that fails for a cause a public one charges keeps its
+    points here as in a grade."""
+    checks = public_checks(ex) + (hidden_checks(ex) if hidden else [])
+    outcomes = {**public, **(_outcomes(ex, namespace, True) if hidden else {})}
+    ctx = _context(ex, hidden)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex)).checks
 
 
@@ -134,13 +147,13 @@ def _check(exercise_id: str, function: Callable | None, hidden: bool, language: 
     stray = io.StringIO()
     with contextlib.redirect_stderr(stray), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if hidden:
-            before = _public.get(ex.id)
-            public = before[1] if before and before[0] is current else _run(ex, namespace, False)
-            results = public + _run(ex, namespace, True)
+        before = _public.get(ex.id)
+        if hidden and before and before[0] is current:
+            public = before[1]  # the public cell just ran them on this function
         else:
-            results = _run(ex, namespace, False)
-            _public[ex.id] = (current, results)
+            public = _outcomes(ex, namespace, False)
+            _public[ex.id] = (current, public)
+        results = _run(ex, namespace, hidden, public)
     result = exercise_result(ex.id, results)
     total = result.max_score if hidden else exercise_total(ex)
     print(render_exercise(result, ex.title, total))
