@@ -138,9 +138,13 @@ def copies_hold_the_same_values(seen, ctx):
 def b1_is_twenty_zeros_with_no_grad(seen, ctx):
     """The book's demo: the copy of b1 is 20 zeros and its grad is None."""
     b1 = seen["copies"][1]
-    expect_equal(b1, torch.zeros(20), _("the copy of b1"))
+    # Its value and its grad are judged for every copy by the checks this one names.
+    expect_equal(b1, torch.zeros(20), _("the copy of b1"), see="copies_hold_the_same_values")
     if b1.grad is not None:
-        raise Fail(_("the copy of b1 already has a grad: {grad}").format(grad=short(b1.grad)))
+        raise Fail(
+            _("the copy of b1 already has a grad: {grad}").format(grad=short(b1.grad)),
+            see="copies_are_leaves_that_require_grad",
+        )
 
 
 @check(

@@ -261,21 +261,23 @@ def every_step_uses_every_devices_replica(seen, ctx):
 @check(
     ten_epochs_on_tiny_batches,
     points=1,
-    hint="After each epoch, evaluate with the first device's parameters: "
-    "d2l.evaluate_accuracy_gpu(lambda x: lenet(x, device_params[0]), test_iter, devices[0]).",
+    hint="After each epoch's minibatches, evaluate a replica being trained, as the book does "
+    "with the first device's: d2l.evaluate_accuracy_gpu(lambda x: lenet(x, device_params[0]), "
+    "test_iter, devices[0]).",
 )
-def evaluates_on_the_first_device_after_each_epoch(seen, ctx):
-    """After each epoch's minibatches, every test batch goes through LeNet with replica 0."""
+def evaluates_a_trained_replica_after_each_epoch(seen, ctx):
+    """After each epoch's minibatches, every test batch goes through LeNet with a replica that
+    train_batch updates: the replicas are equal, so the book's first one stands for them all."""
     # Evaluations in the number of epochs asked for, in a loop whose epochs are wrong, are
     # visits_every_batch_once_per_epoch's cause.
     tests = [e for e in seen["log"] if e[0] == "forward" and e[1].startswith("test")]
     expect(tests, _("the test batches never went through LeNet: evaluate after each epoch"))
     expect(
-        all(e[2] == 0 for e in tests),
+        all(e[2] >= 0 for e in tests),
         _(
-            "the test batches ran with replica {replicas}, expected 0 (the first device's "
-            "parameters)"
-        ).format(replicas=sorted({e[2] for e in tests})),
+            "the test batches ran with parameters that are none of the replicas train_batch "
+            "updates, so the accuracy is not that of the model being trained"
+        ),
     )
     evaluations = sum(1 for e in seen["log"] if tuple(e) == ("pass", "test"))
     wrong_loop = evaluations == EPOCHS and epochs_run(seen) != EPOCHS

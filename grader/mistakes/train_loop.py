@@ -21,9 +21,8 @@ RIGHT = {
             <<SYNC>>
         timer.stop()
         animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[<<EVAL>>]), test_iter, devices[<<EVAL>>]),))""",
+            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))""",
     "SYNC": "torch.cuda.synchronize()",  # the book's; it runs on stand-ins too
-    "EVAL": "0",
     "SUMMARY": "    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on "
     "{str(devices)}')",
 }
@@ -46,10 +45,22 @@ swapped_loops = Mistake(
     seen_in="seed notes: for epoch and for X, y written the wrong way round",
 )
 
-evaluates_the_last_replica = Mistake(
-    source=variant(BOOK, RIGHT, EVAL="-1"),
-    fails="evaluates_on_the_first_device_after_each_epoch",
-    hint_mentions="device_params[0]",
+evaluates_before_the_epoch = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        LOOP="""    for epoch in range(num_epochs):
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
+            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))
+        timer.start()
+        for X, y in train_iter:
+            train_batch(X, y, device_params, devices, lr)
+        timer.stop()""",
+    ),
+    fails="evaluates_a_trained_replica_after_each_epoch",
+    hint_mentions="After each epoch's minibatches",
+    seen_in="evaluation at the top of the epoch: the accuracy of epoch 1 is the untrained "
+    "model's, and the last epoch's training is never measured",
 )
 
 trains_on_one_device = Mistake(
