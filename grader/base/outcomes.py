@@ -177,6 +177,26 @@ def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:
         return {"returned": None, "raised": Raised.from_exception(error).as_data()}
 
 
+def finished(outcomes: list[dict]) -> list[int]:
+    """Return the indices of the calls that did not raise; if every call raised, raise Crash.
+
+    A check about one property judges the calls that finished, so a crash on one input (a
+    list size, an uneven batch) costs the checks about that input, not the others."""
+    done = [i for i, o in enumerate(outcomes) if raised_in(o) is None]
+    if not done:
+        raise Crash(raised_in(outcomes[0]), every_call=True, calls=len(outcomes))
+    return done
+
+
+def all_finished(outcomes: list[dict]) -> None:
+    """Raise Crash with the first call that raised, if any did (saying whether every one did)."""
+    crashes = [raised_in(o) for o in outcomes]
+    first = next((r for r in crashes if r is not None), None)
+    if first is not None:
+        every = all(r is not None for r in crashes)
+        raise Crash(first, every_call=every, calls=len(outcomes))
+
+
 def raised_in(seen: Any) -> Raised | None:
     """Return the crash recorded by `attempt` in what a case saw, if any."""
     if isinstance(seen, dict) and isinstance(seen.get("raised"), dict):

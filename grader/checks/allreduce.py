@@ -8,6 +8,7 @@ from grader.api import (
     Fail,
     SeenTensor,
     _,
+    all_finished,
     as_tensor,
     attempt,
     case,
@@ -19,6 +20,7 @@ from grader.api import (
     expect_close,
     expect_equal,
     expect_kept_dtype,
+    finished,
     observe,
     raised_in,
     short,
@@ -46,26 +48,6 @@ def run_on(student, tensors: list[torch.Tensor], devices: list[torch.device]) ->
     given = list(data)
     call = attempt(student.fn, data)
     return {"given": given, "listed": data, "raised": call["raised"]}
-
-
-def finished(outcomes: list[dict]) -> list[int]:
-    """Return the indices of the calls that did not raise; if every call raised, raise Crash.
-
-    A check about one property judges the calls that finished, so a crash on one list size
-    costs the checks about that size (every_tensor_holds_the_sum), not this one."""
-    done = [i for i, o in enumerate(outcomes) if raised_in(o) is None]
-    if not done:
-        raise Crash(raised_in(outcomes[0]), every_call=True, calls=len(outcomes))
-    return done
-
-
-def all_finished(outcomes: list[dict]) -> None:
-    """Raise Crash with the first call that raised, if any did (saying whether every one did)."""
-    crashes = [raised_in(o) for o in outcomes]
-    first = next((r for r in crashes if r is not None), None)
-    if first is not None:
-        every = all(r is not None for r in crashes)
-        raise Crash(first, every_call=every, calls=len(outcomes))
 
 
 def float_lists(seed: int) -> list[list[torch.Tensor]]:

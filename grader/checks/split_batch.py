@@ -4,11 +4,11 @@ import torch
 
 from grader.api import (
     N_,
-    Crash,
     Fail,
     SeenTensor,
     Unobserved,
     _,
+    all_finished,
     attempt,
     case,
     check,
@@ -16,6 +16,7 @@ from grader.api import (
     error_hints,
     expect,
     expect_equal,
+    finished,
     observe,
     raised_in,
     short,
@@ -56,15 +57,6 @@ def shards_seen(seen) -> tuple[list[SeenTensor], list[SeenTensor]]:
             "book_demo_gives_rows_0_1_and_2_3",
             N_("split_batch returned no pair of shard lists to look at"),
         ) from None
-
-
-def finished_calls(seen: list) -> list[tuple[int, object]]:
-    """Return (index, result) of the calls that returned; if none did, raise Crash (the
-    check has nothing to judge), so a call that raises costs the checks about its batch."""
-    done = [(i, r["returned"]) for i, r in enumerate(seen) if raised_in(r) is None]
-    if not done:
-        raise Crash(raised_in(seen[0]), every_call=True, calls=len(seen))
-    return done
 
 
 def numbered_batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,8 +141,8 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
     """Shard sizes are those of torch.chunk: 5 over 2 gives 3 and 2."""
     # A batch the code refuses (as MXNet's even split does) has no sizes: the error is
     # charged here, and the other checks judge the batches that were split.
-    for i, result in finished_calls(seen):
-        rows, k = UNEVEN[i]
+    for i in finished(seen):
+        (rows, k), result = UNEVEN[i], seen[i]["returned"]
         xs, _ys = pair_of(result)
         sizes = [x.shape[0] if x.shape else 0 for x in xs]
         wanted = [len(c) for c in torch.chunk(torch.arange(rows), k)]
@@ -160,9 +152,7 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
                 rows=rows, k=k, sizes=sizes, wanted=wanted
             ),
         )
-    crash = next((raised_in(r) for r in seen if raised_in(r) is not None), None)
-    if crash is not None:
-        raise Crash(crash)
+    all_finished(seen)
 
 
 @check(
@@ -173,8 +163,8 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
 def shards_keep_the_row_order(seen, ctx):
     """Put back together, the X shards are the batch, row for row."""
     # Rows left out, the rest in order (shards of the wrong sizes), are the sizes' cause.
-    for i, result in finished_calls(seen):
-        rows, k = UNEVEN[i]
+    for i in finished(seen):
+        (rows, k), result = UNEVEN[i], seen[i]["returned"]
         xs, _ys = shards_seen(result)
         joined = torch.cat([x.value for x in xs]) if xs else torch.empty(0, 1, 2, 2)
         order = joined[:, 0, 0, 0].long().tolist() if joined.dim() == 4 else []
@@ -194,8 +184,8 @@ def shards_keep_the_row_order(seen, ctx):
 )
 def labels_stay_with_their_examples(seen, ctx):
     """Shard i of y holds the labels of the rows in shard i of X."""
-    for i, result in finished_calls(seen):
-        rows, k = UNEVEN[i]
+    for i in finished(seen):
+        (rows, k), result = UNEVEN[i], seen[i]["returned"]
         xs, ys = shards_seen(result)
         expect(
             len(ys) == len(xs),
@@ -219,8 +209,8 @@ def labels_stay_with_their_examples(seen, ctx):
 )
 def shards_land_on_their_devices(seen, ctx):
     """Shard i of X and of y is on devices[i]."""
-    for i, result in finished_calls(seen):
-        rows, k = UNEVEN[i]
+    for i in finished(seen):
+        (rows, k), result = UNEVEN[i], seen[i]["returned"]
         xs, ys = shards_seen(result)
         wanted = [str(d) for d in cycle(ctx.devices, k)][: len(xs)]
         for name, shards in (("X", xs), ("y", ys)):
