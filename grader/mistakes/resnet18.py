@@ -17,12 +17,13 @@ def resnet18(num_classes, in_channels=1):
     net.add_module("resnet_block1", resnet_block(64, 64, 2, first_block=True))
     net.add_module("resnet_block2", resnet_block(64, 128, 2))
     net.add_module("resnet_block3", resnet_block(128, 256, 2))
-    net.add_module("resnet_block4", resnet_block(256, 512, 2))
+    net.add_module("resnet_block4", resnet_block(256, 512, <<LAST_BLOCKS>>))
     net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
     net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
     return net
 """
 RIGHT = {
+    "LAST_BLOCKS": "2",
     "SHORTCUT_WHEN": "i == 0 and not first_block",
     "STEM": "nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),\n"
     "                        nn.BatchNorm2d(64), nn.ReLU()",
@@ -60,4 +61,12 @@ def resnet18(num_classes, in_channels=1):
 """,
     fails="names_its_stages_like_the_book",
     hint_mentions="add_module('resnet_block1'",
+)
+
+three_blocks_in_the_last_stage = Mistake(
+    source=variant(BOOK, RIGHT, LAST_BLOCKS="3"),
+    fails="stages_and_classifier_have_the_books_parameter_count",
+    hint_mentions="four stages of two residual blocks",
+    seen_in="a stage given one residual block more, as ResNet-34's stages have: it still "
+    "classifies, with 4.7 million parameters too many",
 )

@@ -63,6 +63,24 @@ evaluates_before_the_epoch = Mistake(
     "model's, and the last epoch's training is never measured",
 )
 
+evaluates_the_initial_parameters = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        LOOP="""    for epoch in range(num_epochs):
+        timer.start()
+        for X, y in train_iter:
+            train_batch(X, y, device_params, devices, lr)
+        timer.stop()
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
+            lambda x: lenet(x, [p.to(devices[0]) for p in params]), test_iter, devices[0]),))""",
+    ),
+    fails="evaluates_a_trained_replica_after_each_epoch",
+    hint_mentions="evaluate a replica being trained",
+    seen_in="params (the weights before training) evaluated in place of device_params[0]: "
+    "the accuracy stays at chance while the replicas learn",
+)
+
 trains_on_one_device = Mistake(
     source=variant(
         BOOK,
