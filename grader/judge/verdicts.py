@@ -129,9 +129,8 @@ class Verdict:
     result: CheckResult
     crash: Raised | None = None
     see: str | None = None
-    judged: bool = True  # False: not judged at all (no outcome, or an `after` check failed)
-    observed: bool = True  # False: failed without seeing its property (not judged, every call
-    # raised, or Unobserved): nothing is charged for a cause of its own
+    observed: bool = True  # False: failed without seeing its property (no outcome, a gate,
+    # every call raised, or Unobserved): nothing is charged for a cause of its own
 
     @property
     def charged(self) -> bool:
@@ -171,7 +170,7 @@ def judge_check(
 
     def unjudged(message: str, hint: str | None) -> Verdict:
         verdict = failed(message, hint)
-        verdict.judged = verdict.observed = False
+        verdict.observed = False
         return verdict
 
     if outcome is None:
