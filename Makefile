@@ -11,8 +11,9 @@
 #   make render LANG=zh_CN   run a language's notebooks on the sample, as HTML in build/render/
 #   make lock        re-resolve requirements/*.txt from pyproject.toml (needs the network)
 #   make images      build the lab and grader images and probe them (tests/test_images.py)
-#   make gpu-check   on a machine with NVIDIA GPUs: the tests that need them (PYTHON=... names
-#                    a Python that already has PyTorch; no virtual environment is made)
+#   make gpu-check   on a machine with NVIDIA GPUs: the tests that need them, the class graded
+#                    with and without CUDA, the book's timings, NCCL; a table and
+#                    gpu-check.json (PYTHON=... names a Python that already has PyTorch)
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,6 +21,7 @@ BIN := $(VENV)/bin
 LAB_READY := $(VENV)/.lab
 DEV_READY := $(VENV)/.dev
 PORT ?= 8888
+GPU_CHECK_JSON ?= gpu-check.json
 ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
@@ -156,5 +158,5 @@ images: $(DEV_READY)
 # its path; it needs pytest, pytest-timeout and nbformat beside PyTorch.
 gpu-check:
 	@$(PYTHON) -c 'import sys, torch; n = torch.cuda.device_count(); print(f"gpu-check: {n} CUDA GPU(s), torch {torch.__version__}, Python {sys.version.split()[0]}"); sys.exit(0 if n else "gpu-check: no CUDA GPU here")'
-	MPLBACKEND=Agg DPLAB_OFFLINE=1 PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest \
-		-p no:cacheprovider -m "gpu or multigpu" -v -rs tests/test_gpus.py tests/test_outside_code.py
+	MPLBACKEND=Agg DPLAB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(PYTHON) -m grader.gpu_check --json $(GPU_CHECK_JSON) $(GPU_CHECK_ARGS)

@@ -75,7 +75,8 @@ def local_device() -> torch.device:
     """Return this rank's device: GPU `LOCAL_RANK` where the group runs on NCCL, else the CPU
     (gloo). Call it in a process of a group (under launch or torchrun)."""
     if torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local % torch.cuda.device_count())
     return torch.device("cpu")
 
 

@@ -84,8 +84,8 @@ def one_run(
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
         torch.set_num_threads(1)
         _quiet_notebook_parts()
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
+        if backend == "nccl":  # more ranks than GPUs: they share them in turn (NCCL may refuse)
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         store = torch.distributed.FileStore(str(folder / "store"), world)
         try:
             torch.distributed.init_process_group(

@@ -62,17 +62,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help=_("keep only the first"),
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "nccl", "gloo"],
+        default="auto",
+        help=_("auto: NCCL where each process has a GPU of its own, else gloo on the CPU"),
+    )
     return parser.parse_args(argv)
 
 
-def join_group() -> torch.device:
-    """Join the group torchrun described; return this process's device."""
+def join_group(backend: str = "auto") -> torch.device:
+    """Join the group torchrun described; return this process's device. NCCL asked for with
+    fewer GPUs than processes puts them on the GPUs in turn (NCCL itself may refuse that)."""
     local_rank = int(os.environ["LOCAL_RANK"])
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_size:
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-        return torch.device("cuda", local_rank)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "nccl" and not gpus:
+        raise SystemExit(_("dplab.train_ddp: --backend nccl needs a CUDA GPU, and none is here"))
+    if backend == "nccl" or (backend == "auto" and gpus >= local_size):
+        device = torch.device("cuda", local_rank % gpus)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        return device
     if local_size == int(os.environ["WORLD_SIZE"]):  # one machine: gloo over its loopback
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_size))
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import dplab
 
-    device = join_group()
+    device = join_group(args.backend)
     try:
         found = load_functions(notebook, args.model)
         train_set, test_set = dplab.fashion_mnist_datasets(

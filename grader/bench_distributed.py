@@ -90,6 +90,14 @@ def deadlock_seconds(idle_timeout: float) -> float:
     raise RuntimeError("the deadlock was not called")
 
 
+def nccl_runs(n: int, asked: list[str]) -> bool:
+    """Return True where NCCL is to run on `n` processes: a GPU for each, or, with fewer GPUs,
+    where NCCL alone was asked for (the processes then share the GPUs)."""
+    if not dist.is_nccl_available() or torch.cuda.device_count() == 0:
+        return False
+    return torch.cuda.device_count() >= n or asked == ["nccl"]
+
+
 def human(nbytes: int) -> str:
     return f"{nbytes // 2**20} MiB" if nbytes >= 2**20 else f"{nbytes // 2**10} KiB"
 
@@ -127,29 +135,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plot", type=Path, default=Path("bench-distributed.png"))
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["gloo", "nccl"],
+        default=["gloo", "nccl"],
+        help="NCCL runs where there is a GPU per process, or where named here alone: then "
+        "the processes share the GPUs, if NCCL allows it",
+    )
+    parser.add_argument("--no-deadlock", action="store_true", help="skip the deadlock timing")
     args = parser.parse_args(argv)
     print(f"{os.cpu_count()} cores, {torch.cuda.device_count()} GPUs")
     reference("distributed.ipynb")  # loaded once here; the ranks inherit it
     results = {}
-    for backend in ("gloo", "nccl"):
+    for backend in args.backends:
         for n in args.procs:
-            if backend == "nccl" and (
-                not dist.is_nccl_available() or torch.cuda.device_count() < n
-            ):
+            if backend == "nccl" and not nccl_runs(n, args.backends):
                 continue
-            done = dplab.launch(
-                measure, (args.sizes, args.repeats), nprocs=n, backend=backend, show=False
-            )
             title = f"{n} processes, {backend}"
+            try:
+                done = dplab.launch(
+                    measure, (args.sizes, args.repeats), nprocs=n, backend=backend, show=False
+                )
+            except dplab.distributed.LaunchError as error:
+                print(f"\n{title}: no figures, the launch failed: {str(error)[:600]}")
+                continue
             results[title] = done.result
             print_table(title, args.sizes, done.result)
             if 16 * 2**20 in args.sizes:
                 i = args.sizes.index(16 * 2**20)
                 share = done.result["ring"][i] / done.result["all_reduce"][i]
                 print(f"at 16 MiB the ring reaches {share:.0%} of all_reduce's bus bandwidth")
-    plot(results, args.sizes, args.plot)
-    print(f"\nplot written to {args.plot}")
-    for idle in (3.0, 120.0):
+    if results:
+        plot(results, args.sizes, args.plot)
+        print(f"\nplot written to {args.plot}")
+    for idle in () if args.no_deadlock else (3.0, 120.0):
         runs = sorted(deadlock_seconds(idle) for _ in range(3))
         said = ", ".join(f"{s:.2f}" for s in runs)
         print(f"a send/send deadlock of 2 ranks, idle limit {idle:g} s: called after {said} s")

@@ -24,6 +24,7 @@ import dplab.distributed
 import dplab.rank
 import dplab.watch
 import grader.ranks.rankpool
+from dplab.devices import num_gpus
 from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
 from dplab.watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet
 from grader.checks.train_ddp import plain_state, replay_on, training_steps
@@ -595,6 +596,18 @@ def test_train_ddp_outside_torchrun_says_how_to_start_it():
     )
     assert proc.returncode == 2
     assert "torchrun --nproc-per-node 2 -m dplab.train_ddp" in proc.stderr
+
+
+@pytest.mark.skipif(num_gpus() > 0, reason="NCCL is refused only where there is no GPU")
+def test_train_ddp_asked_for_nccl_without_a_gpu_says_so(tmp_path):
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    notebook = REPO / "solutions" / "multigpu" / "distributed.ipynb"
+    proc = subprocess.run(
+        [python(), "-m", "dplab.train_ddp", "--notebook", str(notebook), "--backend", "nccl"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "--backend nccl needs a CUDA GPU, and none is here" in proc.stderr
 
 
 # ---- the bench ------------------------------------------------------------------------------

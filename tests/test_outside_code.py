@@ -87,6 +87,9 @@ def notebooks_of(edition: str) -> list[str]:
     ]
 
 
+JOBS = str(max(2, (os.cpu_count() or 2) // 4))  # 2 here; more on a GPU server's cores
+
+
 def write_class(root, editions=tuple(SLIPS)):
     """Write each edition's submission as a student folder of notebooks under `root`."""
     for edition in editions:
@@ -100,7 +103,7 @@ def grade(root, **env) -> dict:
     """Grade the class under `root` with the grader's command line; return its report."""
     out = root / "report.json"
     proc = subprocess.run(
-        [python(), "-m", "grader", "grade", str(root), "--jobs", "2", "--json", str(out)],
+        [python(), "-m", "grader", "grade", str(root), "--jobs", JOBS, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=1200,
