@@ -16,6 +16,8 @@ import types
 import torch
 from torch import nn
 
+from dplab import settings
+
 # Peak arithmetic in TFLOP/s without sparsity, from NVIDIA's data sheets (SXM parts):
 # float32 on the CUDA cores, and TensorFloat-32 on the tensor cores, which cuDNN's
 # convolutions use by default on these GPUs.
@@ -216,7 +218,7 @@ def ddp_figures(subset: tuple[int, int] | None) -> dict:
     code_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "grader.bench_distributed", "--backends", "nccl"]
     command += ["--procs", "2", "--repeats", "3", "--no-deadlock"]
-    command += ["--plot", os.path.join(os.environ["DPLAB_FIGURE_DIR"], "bench.png")]
+    command += ["--plot", os.path.join(settings.FIGURE_DIR.get(), "bench.png")]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=code_env)
         found["bench_nccl"] = {
