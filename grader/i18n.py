@@ -20,11 +20,12 @@ import contextlib
 import functools
 import gettext
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
+
+from grader import settings
 
 DOMAIN = "lab"
 LANGUAGES = ("en", "zh_CN")  # English is the source; the others have catalogues
@@ -72,7 +73,7 @@ def kernel_notebook() -> Path | None:
     ipython = sys.modules.get("IPython")  # (never imported here: a kernel has it already)
     shell = ipython.get_ipython() if ipython is not None else None
     session = shell.user_ns.get("__session__") if shell is not None else None
-    session = session or os.environ.get("JPY_SESSION_NAME")
+    session = session or settings.SESSION.get()
     if not isinstance(session, str) or not session:
         return None
     path = Path(session)
@@ -105,11 +106,11 @@ def default_language() -> str:
     in_kernel = kernel_language()
     if in_kernel:
         return in_kernel
-    lab = os.environ.get("LAB_LANG")
+    lab = settings.LANGUAGE.get()
     if lab:
         return known(lab) or "en"
-    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
-        value = os.environ.get(name)
+    for locale in settings.LOCALE:
+        value = locale.get()
         if value:
             return known(value) or "en"
     return "en"

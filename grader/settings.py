@@ -1,6 +1,8 @@
-"""The grader's settings, read from the environment: every `GRADER_*` variable the grader
-reads is here, with its default and what it does (docs/settings.md lists them, with the
-runtime's own in dplab.settings)."""
+"""The grader's settings, read from the environment: every variable the grader reads is here
+(its `GRADER_*` settings, and those that choose the language of the lab's messages, which
+grader.i18n reads for dplab too), with its default and what it does (docs/settings.md lists
+them, with the runtime's own in dplab.settings). It imports nothing of the lab, so that
+grader.i18n, at the bottom of the layers, can read it."""
 
 import os
 from dataclasses import dataclass
@@ -45,4 +47,39 @@ WARM_SECONDS = Setting(
     "how long the warm server outlives its last command; 0: no warm server",
 )
 
-ALL = (SOLUTIONS, SEED, START, FENCE, WARM_DIR, WARM_SECONDS)
+RUNTIME_DIR = Setting(
+    "XDG_RUNTIME_DIR",
+    "",
+    "set by the login session: the folder where the warm servers listen by default (else the "
+    "temporary folder)",
+)
+
+# The language of messages (grader.i18n): --lang, else the notebook's, else these, in turn.
+SESSION = Setting(
+    "JPY_SESSION_NAME",
+    "",
+    "set by Jupyter in a kernel: the notebook it runs, whose language the kernel's messages take",
+)
+LANGUAGE = Setting(
+    "LAB_LANG",
+    "",
+    "the language of messages where neither --lang nor the notebook names one: zh_CN (Chinese) "
+    "or en; start-lab and the hub pass it on to the kernels",
+)
+LC_ALL = Setting("LC_ALL", "", "the locale, where LAB_LANG is unset: Chinese for zh*, else English")
+LC_MESSAGES = Setting("LC_MESSAGES", "", "the locale of messages, where LC_ALL is unset")
+LANG = Setting("LANG", "", "the locale, where LC_ALL and LC_MESSAGES are unset")
+LOCALE = (LC_ALL, LC_MESSAGES, LANG)  # in the order they are read
+
+ALL = (
+    SOLUTIONS,
+    SEED,
+    START,
+    FENCE,
+    WARM_DIR,
+    WARM_SECONDS,
+    RUNTIME_DIR,
+    SESSION,
+    LANGUAGE,
+    *LOCALE,
+)

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 # ends, at the top.
 LAYERS = {
     # grader.i18n looks up the messages of both dplab and the grader: it imports nothing of
-    # either (nor torch), so that a command that imports it is not slowed before the warm
-    # server answers.
-    "runtime": ("dplab", "grader.i18n"),
+    # either (nor torch) but grader.settings, which imports nothing itself, so that a command
+    # that imports it is not slowed before the warm server answers.
+    "runtime": ("dplab", "grader.i18n", "grader.settings"),
     "vocabulary": (
         "grader.i18n",
         "grader.manifest",

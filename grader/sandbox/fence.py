@@ -80,8 +80,8 @@ def warm_folders() -> list[Path]:
 
     name = f"grader-warm-{os.getuid()}"
     found = [Path(tempfile.gettempdir()) / name]
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        found.insert(0, Path(os.environ["XDG_RUNTIME_DIR"]) / name)
+    if settings.RUNTIME_DIR.get():
+        found.insert(0, Path(settings.RUNTIME_DIR.get()) / name)
     if settings.WARM_DIR.get():
         found.insert(0, Path(settings.WARM_DIR.get()))
     return found
