@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,31 @@ def run(image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 
     return check("run", "--rm", *options, image, *args, timeout=timeout, **kw)
 
 
+def answers(url: str) -> int:
+    """The HTTP status that `url` answers with, or 0 while nothing answers there."""
+    try:
+        return get(url)[0]
+    except OSError:
+        return 0
+
+
+def wait_until(
+    ready: Callable[[], bool], what: str, seconds: float, pause: float = 1.0, logs=lambda: ""
+) -> None:
+    """Ask `ready` every `pause` seconds until it is true; fail, saying that `what` did not
+    happen within `seconds` (and what `logs` returns), where it never is."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(pause)
+    assert ready(), f"{what} within {seconds:g} s\n{logs()}"
+
+
+def tail(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 # ---- the lab image ------------------------------------------------------------------------
 
 
@@ -83,6 +109,7 @@ def test_the_lab_runs_as_uid_1000(images):
 
 def test_the_lab_image_holds_what_the_dockerfile_promises_and_no_private_part(images):
     proc = run(images["lab"], "find", WORK, "-type", "f", "-not", "-path", "*/__pycache__/*")
+    assert proc.returncode == 0, proc.stderr
     held = {p.removeprefix(WORK + "/") for p in proc.stdout.split()}
     assert held, proc.stderr
     assert not [f for f in held if f.startswith(PRIVATE)]
@@ -92,6 +119,7 @@ def test_the_lab_image_holds_what_the_dockerfile_promises_and_no_private_part(im
 
 def test_the_lab_image_holds_no_developer_tool(images):
     proc = run(images["lab"], "python", "-m", "pip", "list", "--format=json")
+    assert proc.returncode == 0, proc.stderr
     installed = {p["name"].lower() for p in json.loads(proc.stdout)}
     assert {"torch", "jupyterlab", "pytest"} <= installed
     assert not installed & set(DEV_TOOLS)
@@ -102,6 +130,7 @@ def test_a_student_checks_a_notebook_inside_the_lab(images):
     proc = run(
         images["lab"], "python", "-m", "grader", "check", notebook, "--exercise", "allreduce"
     )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a check fails: only the stub is there
     assert "allreduce" in proc.stdout and "0/" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -111,6 +140,7 @@ def test_a_student_checks_a_chinese_notebook_in_chinese_inside_the_lab(images):
     proc = run(
         images["lab"], "python", "-m", "grader", "check", notebook, "--exercise", "allreduce"
     )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a check fails: only the stub is there
     assert "from_scratch：0/11 分" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -157,13 +187,12 @@ def lab_container(images, *env: str):
     assert proc.returncode == 0, proc.stderr
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
-            try:
-                if get(f"{base}/api/status?token={token}")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
+        wait_until(
+            lambda: answers(f"{base}/api/status?token={token}") == 200,
+            f"the lab container {name} did not answer 200 on {base}/api/status",
+            180,
+            logs=lambda: tail(check("exec", "logs", name, timeout=60)),
+        )
         yield {"name": name, "base": base, "token": token, "port": port}
     finally:
         check("exec", "rm", "-f", name, timeout=120)
@@ -340,16 +369,12 @@ def test_compose_serves_the_lab_on_the_hosts_port(composed):
     proc = compose("up", "-d", "lab-cpu", env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     base = f"http://127.0.0.1:{port}"
-    status = 0
-    for _ in range(120):
-        try:
-            status = get(f"{base}/api/status?token={token}")[0]
-        except OSError:
-            status = 0
-        if status == 200:
-            break
-        time.sleep(1)
-    assert status == 200
+    wait_until(
+        lambda: answers(f"{base}/api/status?token={token}") == 200,
+        f"compose's lab-cpu did not answer 200 on {base}/api/status",
+        180,
+        logs=lambda: tail(compose("logs", "lab-cpu", env=env, timeout=120)),
+    )
     assert get(f"{base}/api/status")[0] == 403
     logs = compose("logs", "lab-cpu", timeout=120)
     assert f"start-lab: open http://127.0.0.1:{port}/lab?token={token}" in logs.stdout + logs.stderr
@@ -386,10 +411,21 @@ def podman_socket(folder: Path) -> tuple[subprocess.Popen, Path]:
     once the socket is there: the service, to terminate, and the socket."""
     socket_path = folder / "engine.sock"
     service = subprocess.Popen([CHECK, "socket", str(socket_path)], cwd=REPO)
-    for _ in range(100):
-        if socket_path.exists():
-            break
-        time.sleep(0.2)
+    try:
+        wait_until(
+            lambda: socket_path.exists() or service.poll() is not None,
+            f"`docker/check socket` neither made {socket_path} nor ended",
+            20,
+            pause=0.2,
+        )
+        assert socket_path.exists(), (
+            f"`docker/check socket` ended with exit code {service.returncode} "
+            f"before it made {socket_path}"
+        )
+    except AssertionError:
+        service.terminate()
+        service.wait(30)
+        raise
     return service, socket_path
 
 
@@ -522,13 +558,12 @@ def compose_hub(images, tmp_path_factory):
     try:
         proc = compose("up", "-d", "hub", env=env, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        for _ in range(120):
-            try:
-                if get(f"{hub.base}/hub/api")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
+        wait_until(
+            lambda: answers(f"{hub.base}/hub/api") == 200,
+            f"the compose file's hub did not answer 200 on {hub.base}/hub/api",
+            180,
+            logs=lambda: tail(compose("logs", "hub", env=env, timeout=120)),
+        )
         yield hub, students, exchange
     finally:
         logs = compose("logs", "hub", env=env, timeout=120)
@@ -576,6 +611,23 @@ def test_the_compose_hub_serves_a_class_its_labs_and_nbgraders_exchange(compose_
 # must be raised to 2 GB in Gradescope's Autograder Settings (docs/grading.md): the test runs
 # with half a CPU, as Gradescope's default, and that memory.
 GRADESCOPE_CPUS, GRADESCOPE_MEMORY = "0.5", "2g"
+AUTOGRADER_SECONDS = 600  # run_autograder runs under `timeout`, which exits 124 when it ends it
+
+
+def run_autograder(base: str, root: Path, memory: str, **kw) -> subprocess.CompletedProcess:
+    """Gradescope's run_autograder in a container of `base`, on half a CPU and `memory`: it
+    must end by itself within AUTOGRADER_SECONDS, and end well."""
+    done = run(
+        base, "timeout", str(AUTOGRADER_SECONDS), "/autograder/source/run_autograder",
+        options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
+                 "--memory", memory, "--memory-swap", memory),
+        timeout=AUTOGRADER_SECONDS + 300, **kw,
+    )  # fmt: skip
+    assert done.returncode != 124, (
+        f"run_autograder did not end within {AUTOGRADER_SECONDS} s:\n{tail(done)}"
+    )
+    assert done.returncode == 0, tail(done)
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -607,13 +659,7 @@ def test_gradescope_grades_within_its_limits_as_grade_does(autograder, student, 
     (tmp_path / "class" / student / "multigpu").rename(mine)
     hand_in(root, sorted(mine.glob("*.ipynb")), email)
     began = time.monotonic()
-    done = run(
-        base, "timeout", "600", "/autograder/source/run_autograder",
-        options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
-                 "--memory", GRADESCOPE_MEMORY, "--memory-swap", GRADESCOPE_MEMORY),
-        timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_autograder(base, root, GRADESCOPE_MEMORY)
     print(f"Gradescope's run_autograder for {student}: {time.monotonic() - began:.0f} s")
     results = json.loads((root / "results" / "results.json").read_text())
     same_as_grade(results, graded(mine))
@@ -628,13 +674,7 @@ def test_gradescope_at_its_default_memory_says_why_it_did_not_grade(autograder, 
     make_class(tmp_path / "class", 1)
     notebooks = sorted((tmp_path / "class" / "student01" / "multigpu").glob("*.ipynb"))
     hand_in(root, notebooks, "student01@example.org")
-    done = run(
-        base, "timeout", "600", "/autograder/source/run_autograder",
-        options=("-v", f"{root}:/autograder", "--cpus", GRADESCOPE_CPUS,
-                 "--memory", "768m", "--memory-swap", "768m"),
-        timeout=900, cwd=tmp_path,  # podman's conmon notes the kill in ./oom
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_autograder(base, root, "768m", cwd=tmp_path)  # podman's conmon notes the kill in ./oom
     results = json.loads((root / "results" / "results.json").read_text())
     assert results["score"] == 0 and results["tests"] == []
     said = results["output"]

@@ -38,17 +38,27 @@ def test_a_thread_that_captures_leaves_the_others_output_alone(capsys):
 
 
 def test_a_process_forked_while_capturing_prints_to_its_own_output():
+    """A rank forked while its parent captures starts with the streams the parent had before
+    it captured, not the capture's stand-in, whose buffer in the rank is a copy nobody reads."""
+    out, err = sys.stdout, sys.stderr
     read, write = os.pipe()
     with captured(io.StringIO()):
         pid = os.fork()
-        if pid == 0:  # a rank, say: its output is its own, not a copy of the parent's buffer
-            os.close(read)
-            os.write(write, type(sys.stdout).__name__.encode())
-            os._exit(0)
+        if pid == 0:  # the rank: it says what it prints to, and leaves (never into pytest)
+            code = 3
+            try:
+                os.close(read)
+                said = f"{sys.stdout is out} {sys.stderr is err} {type(sys.stdout).__name__}"
+                os.write(write, said.encode())
+                code = 0
+            finally:
+                os._exit(code)
     os.close(write)
-    os.waitpid(pid, 0)
     with os.fdopen(read, "rb") as f:
-        assert f.read() != b"_PerThread"
+        said = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the rank failed, having said {said!r}"
+    assert said == f"True True {type(out).__name__}"
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,51 @@ WALKTHROUGHS = {
     "student_zh_CN": "README.zh-CN.md",  # in the Chinese lab: its work/ holds exercises/zh_CN/
 }
 ACTIVATE = re.compile(r"\. (\.\./)*\.venv/bin/activate")
+CHECK_ALLREDUCE = "python -m grader check {}multigpu/from_scratch.ipynb --exercise allreduce"
+STUB = "a check fails: the student has not written `allreduce` yet"
+# The steps that exit with another code than 0, and why: (walk-through, command): (code, why).
+# Every other step must exit with 0.
+EXITS = {
+    ("student", CHECK_ALLREDUCE.format("")): (1, STUB),
+    ("student", CHECK_ALLREDUCE.format("work/")): (1, STUB),
+    ("student", "pytest grader -m allreduce --public-only"): (1, f"pytest: {STUB}"),
+    ("student_zh_CN", CHECK_ALLREDUCE.format("")): (1, STUB),
+}
+STUDENTS, ASSIGNMENT = ("alice", "bob"), "multigpu"
+NOTEBOOKS = ("from_scratch", "concise", "distributed")
+
+
+def each_notebook(*steps: str) -> list[tuple[str, ...]]:
+    """`steps` (patterns, {student} and {notebook} in them) for each student's notebook."""
+    return [
+        tuple(step.format(student=student, notebook=notebook, a=ASSIGNMENT) for step in steps)
+        for student in STUDENTS
+        for notebook in NOTEBOOKS
+    ]
+
+
+# What nbgrader logs on standard error when a step did its work: (walk-through, command): runs
+# of patterns, each run's patterns matched by lines in that order. A step that fails logs an
+# error (which fails the walk-through, whatever the step exits with) and writes no notebook
+# or page after the one it failed on: autograde writes each notebook into autograded/ once
+# before it runs it and once after, so only a line written after "Autograding" counts.
+LOGGED = {
+    ("nbgrader", "nbgrader generate_assignment multigpu --force"): [
+        (rf"Updating/creating assignment '{ASSIGNMENT}'",),
+        *[(rf"Writing \d+ bytes to \S*/exercises/{ASSIGNMENT}/{nb}\.ipynb$",) for nb in NOTEBOOKS],
+    ],
+    ("nbgrader", "DPLAB_DATA_LIMIT=64,32 nbgrader autograde multigpu"): each_notebook(
+        r"Autograding \S*/autograded/{student}/{a}/{notebook}\.ipynb$",
+        r"Writing \d+ bytes to \S*/autograded/{student}/{a}/{notebook}\.ipynb$",
+    ),
+    ("nbgrader", "nbgrader generate_feedback multigpu"): each_notebook(
+        r"Converting notebook \S*/autograded/{student}/{a}/{notebook}\.ipynb$",
+        r"Writing \d+ bytes to \S*/feedback/{student}/{a}/{notebook}\.html$",
+    ),
+    ("nbgrader", "nbgrader export"): [(r"Exporting grades to grades\.csv$",)],
+}
+NBGRADER_ERROR = re.compile(r"^\[\w+ \| (ERROR|CRITICAL)\]")
+RUNS_NBGRADER = re.compile(r"(^|\s)nbgrader\s")
 
 
 def walkthroughs() -> dict[str, tuple[str, list[tuple[str, list[str]]]]]:
@@ -44,6 +89,21 @@ def walkthroughs() -> dict[str, tuple[str, list[tuple[str, list[str]]]]]:
             assert name not in found, f"two walk-throughs named {name}"
             found[name] = (str(page.relative_to(REPO)), steps)
     return found
+
+
+def missing_in_order(runs: list[tuple[str, ...]], lines: list[str]) -> list[str]:
+    """The patterns of `runs` that no line matches after the line that matched the pattern
+    before it in its run."""
+    missing = []
+    for run in runs:
+        at = 0
+        for pattern in run:
+            found = next((i for i in range(at, len(lines)) if re.search(pattern, lines[i])), None)
+            if found is None:
+                missing.append(pattern)
+                break
+            at = found + 1
+    return missing
 
 
 def copy_of_the_lab(root: Path) -> Path:
@@ -78,6 +138,17 @@ def test_each_walkthrough_is_where_it_belongs():
     assert {name: page for name, (page, _) in walkthroughs().items()} == WALKTHROUGHS
 
 
+def test_each_stated_exit_code_and_log_names_a_step_of_its_walkthrough():
+    """A step renamed in its page must not leave its stated exit code or log behind (it
+    would then be held to exit with 0, or to nothing it logs), and every nbgrader step
+    states what it logs: nbgrader prints nothing on standard output to hold it to."""
+    steps = {(name, command) for name, (_, found) in walkthroughs().items() for command, _ in found}
+    assert set(EXITS) - steps == set()
+    assert set(LOGGED) - steps == set()
+    assert {step for step in steps if RUNS_NBGRADER.search(step[1])} == set(LOGGED)
+    assert all(code != 0 and why for code, why in EXITS.values())
+
+
 def test_the_readme_picture_exists():
     images = re.findall(r"!\[[^]]+\]\(([^)\s]+)\)", (REPO / "README.md").read_text())
     assert images, "the README shows no picture"
@@ -107,9 +178,17 @@ def test_walkthrough_runs_as_written(name, checkout):
         proc = subprocess.run(
             command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=900
         )
-        assert proc.returncode in (0, 1), f"{command}\n{proc.stdout}\n{proc.stderr}"
+        said = f"{command}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        code, why = EXITS.get((name, command), (0, "it did its work"))
+        assert proc.returncode == code, f"exit code {proc.returncode}, not {code} ({why}): {said}"
+        assert "Traceback (most recent call last)" not in proc.stderr, said
         printed = [line.strip() for line in proc.stdout.splitlines()]
         for line in expected:
             assert any(line in p for p in printed), (
                 f"{command} did not print {line!r}:\n{proc.stdout}"
             )
+        if (name, command) in LOGGED:  # nbgrader: it logs on standard error
+            logged = [line.strip() for line in proc.stderr.splitlines()]
+            assert not [line for line in logged if NBGRADER_ERROR.match(line)], said
+            missing = missing_in_order(LOGGED[name, command], logged)
+            assert not missing, f"{command} logged nothing matching {missing}:\n{proc.stderr}"

@@ -68,10 +68,16 @@ def test_the_joined_slices_equal_one_grade_of_the_class_check_by_check(graded):
     assert sorted(p.name for p in (graded / "gradescope").iterdir()) == sorted(whole)
 
 
+def refused(done: subprocess.CompletedProcess, message: str) -> None:
+    """`done` ended as a refusal does: exit code 2, and `message` said on standard error,
+    nothing on standard output."""
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert f"error: {message}" in done.stderr, done.stderr
+
+
 def test_a_missing_slice_is_named(graded):
-    refused = grader("merge", "slice0.json", "slice2.json", "--json", "x.json", cwd=graded)
-    assert refused.returncode == 2
-    assert "slices 1 of 3 are missing: grade them with `--shard I/3`" in refused.stderr
+    done = grader("merge", "slice0.json", "slice2.json", "--json", "x.json", cwd=graded)
+    refused(done, "slices 1 of 3 are missing: grade them with `--shard I/3`")
     assert not (graded / "x.json").exists()
 
 
@@ -79,27 +85,33 @@ def test_slices_graded_with_another_seed_are_refused(graded, tmp_path):
     other = json.loads((graded / "slice1.json").read_text())
     other["run"]["options"]["seed"] = 7
     (tmp_path / "slice1.json").write_text(json.dumps(other))
-    refused = grader("merge", str(graded / "slice0.json"), str(tmp_path / "slice1.json"),
-                     str(graded / "slice2.json"), "--json", str(tmp_path / "x.json"))  # fmt: skip
-    assert refused.returncode == 2
-    assert "was graded with different options (seed, hidden checks, limits) than" in refused.stderr
+    done = grader("merge", str(graded / "slice0.json"), str(tmp_path / "slice1.json"),
+                  str(graded / "slice2.json"), "--json", str(tmp_path / "x.json"))  # fmt: skip
+    refused(done, f"{tmp_path / 'slice1.json'} was graded with different options (seed, hidden "
+                  f"checks, limits) than {graded / 'slice0.json'}: grade every slice alike")  # fmt: skip
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_a_slice_graded_by_another_grader_or_given_twice_is_refused(graded, tmp_path):
     other = json.loads((graded / "slice1.json").read_text())
     other["run"]["grader"] = "0" * 64
     (tmp_path / "slice1.json").write_text(json.dumps(other))
-    refused = grader("merge", str(graded / "slice0.json"), str(tmp_path / "slice1.json"))
-    assert "was graded with a different grader than" in refused.stderr
-    twice = grader("merge", "slice0.json", "slice0.json", "slice1.json", cwd=graded)
-    assert "are both slice 0" in twice.stderr
+    done = grader("merge", str(graded / "slice0.json"), str(tmp_path / "slice1.json"),
+                  "--json", str(tmp_path / "x.json"))  # fmt: skip
+    refused(done, f"{tmp_path / 'slice1.json'} was graded with a different grader than "
+                  f"{graded / 'slice0.json'}: grade every slice alike")  # fmt: skip
+    twice = grader("merge", "slice0.json", "slice0.json", "slice1.json",
+                   "--json", str(tmp_path / "y.json"), cwd=graded)  # fmt: skip
+    refused(twice, "slice0.json and slice0.json are both slice 0")
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "y.json").exists()
 
 
 def test_a_report_without_slices_and_a_bad_shard_say_what_to_do(graded, tmp_path):
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"submissions": []}))
-    refused = grader("merge", str(plain))
-    assert "does not say how it was graded: grade the slices again" in refused.stderr
+    done = grader("merge", str(plain), "--json", str(tmp_path / "x.json"))
+    refused(done, f"{plain} does not say how it was graded: grade the slices again")
+    assert not (tmp_path / "x.json").exists()
     bad = grader("grade", "submitted", "--shard", "3/3", cwd=graded)
-    assert bad.returncode == 2
+    assert (bad.returncode, bad.stdout) == (2, ""), bad.stdout + bad.stderr  # argparse's refusal
     assert "3/3: say which slice of how many, as I/N with 0 <= I < N, such as 0/4" in bad.stderr
