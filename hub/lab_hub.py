@@ -161,13 +161,15 @@ class LabProcessSpawner(LocalProcessSpawner):
         os.chmod(home, 0o700)
         self.log.info("hub: made the account %s for %s", self.account, self.user.name)
 
-    def _check_reach(self) -> None:
-        """Fail with a message the instructor can act on if the student's account cannot
-        run the lab's Python (a folder on the way is closed to other users)."""
+    def _check_reach(self) -> str:
+        """Return the folder of the lab that the lab's Python runs (its start script, its
+        released notebooks), as the student's account finds it; fail with a message the
+        instructor can act on where that account cannot run the Python (a folder on the
+        way is closed to other users)."""
         entry = pwd.getpwnam(self.account)
         try:
             probe = subprocess.run(
-                [self.python, "-c", "import jupyterhub, grader"],
+                [self.python, "-c", "import jupyterhub, grader.manifest as m; print(m.REPO)"],
                 user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/",
                 capture_output=True, text=True,
             )  # fmt: skip
@@ -181,11 +183,15 @@ class LabProcessSpawner(LocalProcessSpawner):
                 "the lab where every user may enter and read (chmod o+rx), or name another "
                 f"Python with HUB_PYTHON. It said: {said}"
             )
+        return probe.stdout.strip()
+
+    lab = Unicode(str(REPO), help="The lab the Python runs: found from it at each start.")
 
     async def start(self):
         if self.isolated:
             self._make_account()
-            self._check_reach()
+            self.lab = self._check_reach()
+            self.cmd = [os.path.join(self.lab, "docker", "start-lab")]
         else:
             os.makedirs(self.home, exist_ok=True)
         return await super().start()
@@ -212,7 +218,7 @@ class LabProcessSpawner(LocalProcessSpawner):
         env = super().get_env()
         env.update(
             LAB_PYTHON=self.python,
-            LAB_EXERCISES=str(REPO / "exercises"),
+            LAB_EXERCISES=os.path.join(self.lab, "exercises"),
             LAB_WORK=os.path.join(self.home, "work"),
             PATH=os.path.dirname(self.python) + os.pathsep + env.get("PATH", os.defpath),
         )

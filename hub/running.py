@@ -44,27 +44,86 @@ def missing() -> str:
 
 
 def python_for_students(folder: Path) -> str:
-    """A Python with the lab in it that other users may run: this one, or else, where this one
-    lies in a folder closed to them (a pyenv under /root), a virtual environment in `folder` on
-    the system's Python of the same version that reads this one's packages."""
+    """A Python with the lab in it that other users may run: this one where they may, else
+    (this one lies in a folder closed to them: a checkout made by `mktemp -d` as root, a
+    pyenv under /root) a self-contained one made in `folder`, which must be open to them: a
+    virtual environment on a system Python of the same version, holding this one's packages
+    and the files of the lab image (hub/lab_files.py) under `folder`/lab, so that nothing
+    it runs reads the checkout. '' where no system Python of this version is there."""
     if os.geteuid() != 0 or _runs_as_nobody(sys.executable):
         return sys.executable
-    system = shutil.which("python3", path="/usr/bin:/usr/local/bin")
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if not system:
+    base = _system_python()
+    if not base:
         return ""
-    got = subprocess.run([system, "-c", "import sys; print(sys.version[:4])"],
-                         capture_output=True, text=True).stdout  # fmt: skip
-    if not got.startswith(version):
-        return ""
-    subprocess.run([system, "-m", "venv", "--without-pip", str(folder)], check=True)
-    site = folder / "lib" / f"python{version}" / "site-packages"
-    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    (site / "lab.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    subprocess.run([base, "-m", "venv", "--without-pip", str(folder)], check=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    ours = Path(
+        next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    )
+    site = folder / "lib" / version / "site-packages"
+    for entry in ours.iterdir():
+        if not _points_into_the_checkout(entry):
+            _link_tree(entry, site / entry.name)
     for shared in ("etc", "share"):  # Jupyter's settings, extensions and kernels
-        (folder / shared).symlink_to(Path(sys.prefix) / shared)
+        if (Path(sys.prefix) / shared).is_dir():
+            _link_tree(Path(sys.prefix) / shared, folder / shared)
+    lab = folder / "lab"
+    from hub.lab_files import image_files
+
+    for name in sorted(image_files("lab")) + _compiled_catalogues():
+        (lab / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, lab / name)
+    (site / "lab.pth").write_text(f"{lab}\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
     python = str(folder / "bin" / "python")
     return python if _runs_as_nobody(python) else ""
+
+
+def _system_python() -> str:
+    """A Python of this one's version that other users may run, or ''."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (
+        getattr(sys, "_base_executable", ""),
+        shutil.which("python3", path="/usr/bin:/usr/local/bin"),
+    ):
+        if not candidate:
+            continue
+        probe = [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
+        try:
+            said = subprocess.run(probe, user="nobody", cwd="/", capture_output=True, text=True)
+        except OSError:  # a folder on the way is closed to nobody
+            continue
+        if said.stdout.strip() == version:
+            return candidate
+    return ""
+
+
+def _points_into_the_checkout(entry: Path) -> bool:
+    """True for the editable install of the lab (its finder, its .pth, its record), which
+    would send the lent Python back into the checkout."""
+    if entry.name.startswith(("__editable__", "multigpu_lab")):
+        return True
+    return entry.suffix == ".pth" and str(REPO) in entry.read_text(errors="ignore")
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Put `source` at `target` as hard links (copies across file systems)."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    if source.is_dir() and not source.is_symlink():
+        shutil.copytree(source, target, symlinks=True, copy_function=link, dirs_exist_ok=True)
+    else:
+        link(str(source), str(target))
+
+
+def _compiled_catalogues() -> list[str]:
+    """The messages' compiled catalogues (grader/locale/), which the image compiles itself."""
+    return [str(p.relative_to(REPO)) for p in (REPO / "grader" / "locale").rglob("*.mo")]
 
 
 def _runs_as_nobody(python: str) -> bool:

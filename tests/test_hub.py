@@ -43,7 +43,8 @@ def lent_python(homes: Path) -> str:
         pytest.skip(
             f"no Python with the lab in it that other users may run: {sys.executable} lies "
             "in a folder closed to them and the system has no Python "
-            f"{sys.version_info.major}.{sys.version_info.minor} to lend them"
+            f"{sys.version_info.major}.{sys.version_info.minor} that they may run, to make "
+            "one from"
         )
     return python
 

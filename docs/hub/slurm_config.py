@@ -80,8 +80,11 @@ class LabSlurmSpawner(SlurmSpawner):
     def _account_home(self) -> str:  # where the job starts and writes its log
         return self.home
 
+    lab = Unicode(str(REPO), help="The lab the Python runs: found from it at each start.")
+
     def _check_reach(self) -> None:
-        self._check_python()
+        self.lab = self._check_python()  # the lab the student's Python runs, as they find it
+        self.cmd = [os.path.join(self.lab, "docker", "start-lab")]
         entry = pwd.getpwnam(self.account)
         probe = subprocess.run(
             [self.python, "-c", "import batchspawner.singleuser"],
@@ -115,7 +118,7 @@ class LabSlurmSpawner(SlurmSpawner):
         env = super().get_env()
         env.update(
             LAB_PYTHON=self.python,
-            LAB_EXERCISES=str(REPO / "exercises"),
+            LAB_EXERCISES=os.path.join(self.lab, "exercises"),
             LAB_WORK=os.path.join(self.home, "work"),
             LAB_SINGLEUSER=f"{self.python} -m batchspawner.singleuser {self.singleuser}",
             PATH=os.path.dirname(self.python) + os.pathsep + env.get("PATH", os.defpath),
