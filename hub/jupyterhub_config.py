@@ -6,8 +6,9 @@
 #   HUB_STATE          the hub's database, secrets and passwords  (hub/state)
 #   HUB_ADMIN          the instructor's login                     (instructor)
 #   HUB_CLASS_LIST     a file of student names, one per line: each gets an account and a first
-#                      password, written with the instructor's to $HUB_STATE/passwords.csv
-#                                                                 ($HUB_STATE/class.txt)
+#                      password, written with the instructor's to $HUB_STATE/passwords.csv;
+#                      reread while the hub runs (a name added gets an account within 5 s,
+#                      one removed can no longer log in)      ($HUB_STATE/class.txt)
 #   HUB_SPAWNER        docker (a container of the lab image per student; Docker, or podman's
 #                      Docker-compatible socket) or process (the lab's virtual environment)
 #                                                                 (docker where an engine answers)
@@ -69,6 +70,7 @@ class_list = env("HUB_CLASS_LIST") or state / "class.txt"
 if env("HUB_CLASS_LIST") or Path(class_list).exists():
     c.Authenticator.allowed_users = set(read_class_list(class_list))
 c.ClassAuthenticator.passwords_file = str(state / "passwords.csv")
+c.ClassAuthenticator.class_list = str(class_list)  # reread while the hub runs
 c.NativeAuthenticator.open_signup = False
 c.NativeAuthenticator.minimum_password_length = 8
 c.NativeAuthenticator.check_common_password = True

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from nativeauthenticator import NativeAuthenticator
-from traitlets import Unicode
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float, Unicode
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -55,28 +56,85 @@ class ClassAuthenticator(NativeAuthenticator):
     """NativeAuthenticator that gives the instructor and every student of the class list an
     account with a first password of its own, written to a file only the hub's user reads.
 
-    Anyone else may sign up, and waits until the instructor authorizes them (/hub/authorize).
+    The class list is reread while the hub runs (every few seconds, and at each login): a
+    student added gets an account and a password, one removed can no longer log in, and the
+    labs already running go on. Anyone else may sign up, and waits until the instructor
+    authorizes them (/hub/authorize).
     """
 
     passwords_file = Unicode("", config=True, help="Where new accounts' passwords are written.")
+    class_list = Unicode("", config=True, help="The class list, reread while the hub runs.")
+    reread_seconds = Float(5.0, config=True, help="How often the class list is looked at.")
+    _read_stamp: tuple[int, int] | None = None  # the class list's (mtime, size) when last read
+
+    def get_handlers(self, app):
+        # Called while the hub starts, in its running event loop: reread from then on.
+        if self.class_list:
+            self.reread_class_list()
+            PeriodicCallback(self.reread_class_list, self.reread_seconds * 1000).start()
+        return super().get_handlers(app)
+
+    async def authenticate(self, handler, data):
+        self.reread_class_list()  # a student added a moment ago can log in at once
+        return await super().authenticate(handler, data)
 
     def add_user(self, user):
         # The hub calls this for every user it knows at start and for each one added later.
         result = super().add_user(user)
-        named = user.name in self.admin_users or user.name in self.allowed_users
-        if named and self.passwords_file and not self.user_exists(user.name):
-            password = secrets.token_urlsafe(9)
-            if self.create_user(user.name, password) is None:
-                self.log.error("hub: could not make an account for %s", user.name)
-                return result
-            path = Path(self.passwords_file)
-            new = not path.exists()
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
-                if new:
-                    f.write("name,password\n")
-                f.write(f"{user.name},{password}\n")
-            self.log.info("hub: made an account for %s; its password is in %s", user.name, path)
+        if user.name in self.admin_users or user.name in self.allowed_users:
+            self.make_account(user.name)
         return result
+
+    def make_account(self, name: str) -> None:
+        """Give `name` an authorized login: a new one with a first password written to the
+        passwords file, or the old one authorized again (a student put back on the list)."""
+        info = self.get_user(name)
+        if info is not None:
+            if not info.is_authorized:
+                info.is_authorized = True
+                self.db.commit()
+                self.log.info("hub: %s is on the class list again and may log in", name)
+            return
+        if not self.passwords_file:
+            return
+        password = secrets.token_urlsafe(9)
+        if self.create_user(name, password) is None:
+            self.log.error("hub: could not make an account for %s", name)
+            return
+        path = Path(self.passwords_file)
+        new = not path.exists()
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
+            if new:
+                f.write("name,password\n")
+            f.write(f"{name},{password}\n")
+        self.log.info("hub: made an account for %s; its password is in %s", name, path)
+
+    def reread_class_list(self) -> None:
+        """Apply the class list's changes since it was last read, if it has any."""
+        try:
+            stat = os.stat(self.class_list)
+        except FileNotFoundError:
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._read_stamp:
+            return
+        self._read_stamp = stamp
+        try:
+            names = set(read_class_list(self.class_list))
+        except SystemExit as bad:  # a name no one can log in with: keep the list in use
+            self.log.error("%s; the class list in use stays as it was", bad)
+            return
+        added, removed = names - self.allowed_users, self.allowed_users - names
+        self.allowed_users = names
+        for name in sorted(added):
+            self.log.info("hub: %s was added to the class list", name)
+            self.make_account(name)
+        for name in sorted(removed):
+            info = self.get_user(name)
+            if info is not None and name not in self.admin_users:
+                info.is_authorized = False
+                self.db.commit()
+            self.log.info("hub: %s left the class list and can no longer log in", name)
 
 
 class GpuRoundRobin:
