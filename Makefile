@@ -2,6 +2,8 @@
 #   make lab    set up what students use, then serve JupyterLab on 127.0.0.1:8888
 #   make test   set up everything, then run every test (and print the slowest)
 #   make hub    JupyterHub for a class on this machine (docs/hub.md)
+#   make hub-clear   after the course: list the students' accounts the hub made; YES=1 removes
+#                    them and their homes
 # and, for people who write exercises or maintain the lab:
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
 #   make bench-grade, bench-notebooks, bench-distributed, bench-hub, bench-shards   figures, printed
@@ -26,7 +28,7 @@ ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub bench-shards \
-	lock images clean picture render hub gpu-check
+	lock images clean picture render hub hub-clear gpu-check
 
 setup: $(DEV_READY)
 
@@ -69,6 +71,9 @@ $(PROXY): hub/package.json hub/package-lock.json
 
 hub: $(HUB_READY) $(PROXY) $(CATALOGUES)
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
+
+hub-clear: $(HUB_READY)
+	$(BIN)/python -m hub.clear $(if $(YES),--yes)
 
 lint: $(DEV_READY)
 	$(BIN)/ruff check .

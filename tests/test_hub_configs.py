@@ -11,6 +11,7 @@ setting fails here rather than in a class.
 
 import copy
 import json
+import re
 
 import jsonschema
 import pytest
@@ -149,3 +150,22 @@ def test_the_compose_hub_reaches_the_engine_and_keeps_the_class_on_the_host():
     assert volumes["/srv/hub"].startswith("${HUB_FOLDER")
     assert hub["environment"]["HUB_IMAGE"] == COMPOSE["services"]["lab"]["image"]
     assert hub["environment"]["HUB_NETWORK"] == COMPOSE["networks"]["hub"]["name"]
+
+
+def test_the_systemd_unit_sets_only_the_hubs_own_settings_and_starts_its_config():
+    """docs/hub/multigpu-lab-hub.service: each setting it gives is one the hub's config lists,
+    and it starts the checkout's jupyterhub on the checkout's config."""
+    unit = (REPO / "docs" / "hub" / "multigpu-lab-hub.service").read_text()
+    header = (REPO / "hub" / "jupyterhub_config.py").read_text().split("\nimport ")[0]
+    fields = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0].isupper()
+    )
+    names = [line.split("=", 1)[1].split("=")[0] for line in unit.splitlines()
+             if line.startswith("Environment=")]  # fmt: skip
+    assert names and all(name.startswith("HUB_") and name in header for name in names), names
+    root = fields["WorkingDirectory"]
+    assert fields["ExecStart"] == (
+        f"{root}/.venv/bin/jupyterhub -f {root}/hub/jupyterhub_config.py"
+    )
+    assert (REPO / "hub" / "jupyterhub_config.py").exists()
+    assert {"Unit", "Service", "Install"} <= set(re.findall(r"^\[(\w+)\]", unit, re.MULTILINE))
