@@ -69,6 +69,9 @@ $(PROXY): hub/package.json hub/package-lock.json
 	cd hub && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Run by root with the process spawner, the hub lends the students' accounts a Python of its own,
+# made once for each version of the lab in HUB_PYTHON_FOLDER (/var/lib/multigpu-lab/python) from
+# the system's Python, so that no lab runs the checkout's .venv, wherever it lies.
 hub: $(HUB_READY) $(PROXY) $(CATALOGUES)
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
 

@@ -20,7 +20,13 @@
 #   HUB_HOMES, HUB_USER_PREFIX     process spawner run by root: the students' accounts'
 #                      homes and the start of their names         (/home, lab-)
 #   HUB_PYTHON         process spawner: the Python of the lab, which the students' accounts
-#                      must be able to run                        (the hub's own)
+#                      must be able to run; run by root, the hub checks that `nobody` can
+#                      before it starts         (the hub's own; run by root where the accounts
+#                                                cannot run that, one made in HUB_PYTHON_FOLDER)
+#   HUB_PYTHON_FOLDER  process spawner run by root, HUB_PYTHON unset: where the hub makes
+#                      (once for each version of the lab) a Python with the lab in it that
+#                      every account may run, from the system's Python of the same version,
+#                      outside the checkout               (/var/lib/multigpu-lab/python)
 #   HUB_EXCHANGE       nbgrader's exchange: the instructor releases the notebooks into it and
 #                      collects them from it; the students fetch and submit them in their labs'
 #                      Assignments tab. A folder on this machine (process spawner), or a volume
@@ -37,6 +43,7 @@ from lab_hub import (  # noqa: E402
     REPO,
     ClassAuthenticator,
     LabProcessSpawner,
+    check_python_for_students,
     container_engine_answers,
     lab_host_config,
     open_exchange,
@@ -119,8 +126,24 @@ elif spawner == "process":
         "/home" if os.geteuid() == 0 else str(state / "homes")
     )
     c.LabProcessSpawner.prefix = env("HUB_USER_PREFIX", "lab-")
-    if env("HUB_PYTHON"):
-        c.LabProcessSpawner.python = env("HUB_PYTHON")
+    # Run by root, the labs run as the students' own accounts, which must be able to run
+    # the lab's Python: a checkout's .venv under /root, or in a folder closed to others, is
+    # not. Unless HUB_PYTHON names one, the hub then lends them one of its own making, outside
+    # the checkout; either way it checks, before it takes a login, that `nobody` can start a
+    # lab with it.
+    python = env("HUB_PYTHON") or sys.executable
+    if os.geteuid() == 0 and not env("HUB_PYTHON"):
+        from running import lend_python
+
+        folder = Path(env("HUB_PYTHON_FOLDER") or "/var/lib/multigpu-lab/python").resolve()
+        try:
+            python, made = lend_python(folder)
+        except RuntimeError as error:
+            raise SystemExit(f"hub: {error}. Or name a Python with HUB_PYTHON.") from None
+        print(f"hub: {made}", file=sys.stderr)
+    if os.geteuid() == 0:
+        check_python_for_students(python)
+    c.LabProcessSpawner.python = python
     if exchange:
         c.Spawner.environment["LAB_EXCHANGE"] = open_exchange(exchange)
 else:

@@ -6,6 +6,7 @@ pieces together; they live here so that tests can use them without a running hub
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from nativeauthenticator import NativeAuthenticator
+from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Unicode
 
@@ -177,6 +179,72 @@ def lab_host_config(mode: str, gpus: list[str], state: Path, shm: str = "4g"):
     return host_config
 
 
+FIX_PYTHON = (
+    "As root with the process spawner, leave HUB_PYTHON unset: the hub then makes the lab's "
+    "Python in HUB_PYTHON_FOLDER, a folder every account may read, from a system Python "
+    "of the same version. Or name with HUB_PYTHON a Python, with the lab and the hub's "
+    "packages installed, that lies where every user may enter and read (not under /root)."
+)
+
+# What a student's account must be able to do with the lab's Python: import the lab and the
+# hub's single-user server, and reach the lab's start script and notebooks; it prints the lab.
+LAB_PROBE = """
+import importlib.util, os, sys
+import grader.manifest as m
+if importlib.util.find_spec("jupyterhub.singleuser") is None:
+    sys.exit("this Python lacks the hub's packages (jupyterhub)")
+lab = str(m.REPO)
+for path, mode in ((os.path.join(lab, "docker", "start-lab"), os.X_OK),
+                   (os.path.join(lab, "exercises"), os.R_OK | os.X_OK)):
+    if not os.access(path, mode):
+        sys.exit(f"{path} is closed to this account")
+print(lab)
+"""
+
+
+def probe_lab_python(python: str, account: str) -> tuple[str, str]:
+    """Run `python` as `account`, with that account's own group alone, as its labs will run:
+    (the lab's folder, '') where it can start a lab, else ('', what went wrong)."""
+    entry = pwd.getpwnam(account)
+    try:
+        probe = subprocess.run(
+            [python, "-c", LAB_PROBE], user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
+            cwd="/", capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    except PermissionError:
+        return "", "a folder on the way to it is closed to that account"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return "", str(error)
+    if probe.returncode:
+        lines = probe.stderr.strip().splitlines() or [f"it exited with {probe.returncode}"]
+        return "", lines[-1][-300:]
+    return probe.stdout.strip(), ""
+
+
+def check_python_for_students(python: str, account: str = "nobody") -> None:
+    """Stop the hub, before it takes a login, where an account with no rights of its own
+    (`nobody`) cannot start a lab with the lab's Python."""
+    try:
+        pwd.getpwnam(account)
+    except KeyError:
+        return  # no such account to try it with; each student's start still checks
+    _, said = probe_lab_python(python, account)
+    if said:
+        raise SystemExit(
+            f"hub: the students' accounts cannot start a lab with {python}: run as "
+            f"{account}, {said}. {FIX_PYTHON}"
+        )
+
+
+class LabCannotStart(web.HTTPError):
+    """A lab that cannot start: the hub logs `for_the_log`, and shows the student
+    `for_the_student` (JupyterHub shows a spawn's failure by its `jupyterhub_message`)."""
+
+    def __init__(self, for_the_log: str, for_the_student: str) -> None:
+        super().__init__(503, "%s", for_the_log)
+        self.jupyterhub_message = for_the_student
+
+
 class LabProcessSpawner(LocalProcessSpawner):
     """Serves a student's lab as a process of the lab's virtual environment.
 
@@ -204,10 +272,11 @@ class LabProcessSpawner(LocalProcessSpawner):
             return pwd.getpwnam(self.account).pw_dir
         return os.path.join(self.homes, self.user.name)
 
-    def _make_account(self) -> None:
+    def _make_account(self) -> bool:
+        """Make the student's account where it is missing; True where it was made now."""
         try:
             pwd.getpwnam(self.account)
-            return
+            return False
         except KeyError:
             pass
         home = os.path.join(self.homes, self.account)
@@ -218,41 +287,66 @@ class LabProcessSpawner(LocalProcessSpawner):
         )  # fmt: skip
         os.chmod(home, 0o700)
         self.log.info("hub: made the account %s for %s", self.account, self.user.name)
+        return True
 
     def _check_reach(self) -> str:
         """Return the folder of the lab that the lab's Python runs (its start script, its
-        released notebooks), as the student's account finds it; fail with a message the
-        instructor can act on where that account cannot run the Python (a folder on the
-        way is closed to other users)."""
-        entry = pwd.getpwnam(self.account)
-        try:
-            probe = subprocess.run(
-                [self.python, "-c", "import jupyterhub, grader.manifest as m; print(m.REPO)"],
-                user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/",
-                capture_output=True, text=True,
-            )  # fmt: skip
-            said = probe.stderr.strip()[-300:] if probe.returncode else ""
-        except OSError as error:
-            said = str(error)
+        released notebooks), as the student's account finds it; fail with a page that tells
+        the student to tell the instructor, and a log line that tells the instructor what to
+        do, where that account cannot start a lab with it."""
+        lab, said = probe_lab_python(self.python, self.account)
         if said:
-            raise RuntimeError(
-                f"{self.account} cannot start a lab with {self.python}: a folder on the way "
-                "is closed to other users, or that Python lacks the lab's packages. Install "
-                "the lab where every user may enter and read (chmod o+rx), or name another "
-                f"Python with HUB_PYTHON. It said: {said}"
+            raise LabCannotStart(
+                f"{self.account} cannot start a lab with {self.python}: {said}. {FIX_PYTHON}",
+                f"Your lab could not start: the hub's Python for the labs ({self.python}) "
+                f"does not run for your lab's account ({self.account}). This is not "
+                "something you did: please tell your instructor, whose hub log says how "
+                "to fix it.",
             )
-        return probe.stdout.strip()
+        return lab
 
     lab = Unicode(str(REPO), help="The lab the Python runs: found from it at each start.")
 
+    # Set by a start that made the account, until the lab stops: a lab that never answered
+    # leaves no account behind (the next start makes it again).
+    _account_made_for_this_start = False
+
     async def start(self):
         if self.isolated:
-            self._make_account()
-            self.lab = self._check_reach()
-            self.cmd = [os.path.join(self.lab, "docker", "start-lab")]
-        else:
-            os.makedirs(self.home, exist_ok=True)
+            self._account_made_for_this_start = self._make_account()
+            try:  # (a probe of a second or so, which the hub's other users need not wait for)
+                self.lab = await asyncio.to_thread(self._check_reach)
+                self.cmd = [os.path.join(self.lab, "docker", "start-lab")]
+                return await super().start()
+            except Exception:
+                self._forget_a_new_account()
+                raise
+        os.makedirs(self.home, exist_ok=True)
         return await super().start()
+
+    def run_post_stop_hook(self):
+        # The hub stops a lab that never answered (it timed out, its process ended) before
+        # it gives up on the start, whose future is then still running. A lab that answered
+        # keeps its account, whatever happens at its later starts.
+        spawning = self._spawn_future is not None and not self._spawn_future.done()
+        if self.isolated and spawning:
+            self._forget_a_new_account()
+        self._account_made_for_this_start = False
+        return super().run_post_stop_hook()
+
+    def _forget_a_new_account(self) -> None:
+        """Remove the account this start made (its processes, its home), if it made one."""
+        if not self._account_made_for_this_start:
+            return
+        self._account_made_for_this_start = False
+        subprocess.run(["pkill", "-KILL", "-u", self.account], capture_output=True)
+        gone = subprocess.run(["userdel", "--remove", self.account], capture_output=True,
+                              text=True)  # fmt: skip
+        if gone.returncode not in (0, 6):  # 6: no such account
+            self.log.error("hub: could not remove the account %s, made for a lab that did "
+                           "not start: %s", self.account, gone.stderr.strip())  # fmt: skip
+        else:
+            self.log.info("hub: removed the account %s: its lab did not start", self.account)
 
     def make_preexec_fn(self, name):
         if self.isolated:

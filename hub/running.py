@@ -4,8 +4,11 @@ read their files and run code in them. `tests/test_hub.py` and `make bench-hub` 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
+import pwd
+import re
 import shutil
 import signal
 import socket
@@ -57,9 +60,7 @@ def python_for_students(folder: Path) -> str:
         return ""
     subprocess.run([base, "-m", "venv", "--without-pip", str(folder)], check=True)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    ours = Path(
-        next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    )
+    ours = _site_packages()
     site = folder / "lib" / version / "site-packages"
     for entry in ours.iterdir():
         if not _points_into_the_checkout(entry):
@@ -68,15 +69,100 @@ def python_for_students(folder: Path) -> str:
         if (Path(sys.prefix) / shared).is_dir():
             _link_tree(Path(sys.prefix) / shared, folder / shared)
     lab = folder / "lab"
-    from hub.lab_files import image_files
-
-    for name in sorted(image_files("lab")) + _compiled_catalogues():
+    for name in _lab_files():
         (lab / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, lab / name)
     (site / "lab.pth").write_text(f"{lab}\n")
     subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
     python = str(folder / "bin" / "python")
     return python if _runs_as_nobody(python) else ""
+
+
+def lend_python(folder: Path) -> tuple[str, str]:
+    """`python_for_students`, made once for each version of the lab and kept: (the Python,
+    what was done, for the hub's log). Made in `folder`/<key>, where the key names this
+    Python, its packages and the lab's files, and reused while they stay the same; older
+    ones made from this checkout are removed once no process runs them. RuntimeError, with
+    what to do, where no Python that other users may run can be made."""
+    if os.geteuid() != 0 or _runs_as_nobody(sys.executable):
+        return sys.executable, "the students' accounts may run the hub's own Python"
+    _open_folders(folder)
+    build = folder / _lab_key()
+    python, stamp = build / "bin" / "python", build / ".made-from"
+    if stamp.exists() and _runs_as_nobody(str(python)):
+        how = f"reused the lab's Python for the students' accounts, made before in {build}"
+    else:
+        shutil.rmtree(build, ignore_errors=True)
+        if not python_for_students(build):
+            shutil.rmtree(build, ignore_errors=True)
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            raise RuntimeError(
+                f"could not make in {folder} a Python that every account may run: it needs "
+                f"a system Python {version} that every user may run (Debian, Ubuntu: apt "
+                f"install python{version}), and every folder on the way to {folder} open to "
+                "every user"
+            )
+        stamp.write_text(f"{REPO}\n")
+        how = f"made the lab's Python for the students' accounts in {build}"
+    for old in folder.iterdir():
+        made_from = old / ".made-from"
+        if old != build and made_from.exists() and made_from.read_text().strip() == str(REPO):
+            if not _in_use(old):
+                shutil.rmtree(old, ignore_errors=True)
+    return str(python), how
+
+
+def _lab_files() -> list[str]:
+    """The lab image's files (hub/lab_files.py) and the compiled catalogues of messages."""
+    if str(HERE) not in sys.path:
+        sys.path.append(str(HERE))
+    from lab_files import image_files
+
+    return sorted(image_files("lab")) + _compiled_catalogues()
+
+
+def _site_packages() -> Path:
+    return Path(
+        next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    )
+
+
+def _lab_key() -> str:
+    """Names what a lent Python is made of: this Python, the packages it has (their folders
+    name their versions) and the lab's files."""
+    key = hashlib.sha256(f"{sys.version}\n{REPO}\n{_system_python()}\n".encode())
+    key.update("\n".join(sorted(os.listdir(_site_packages()))).encode())
+    for name in _lab_files():
+        key.update(f"\n{name}\n".encode() + (REPO / name).read_bytes())
+    return f"python{sys.version_info.major}.{sys.version_info.minor}-{key.hexdigest()[:16]}"
+
+
+def _open_folders(folder: Path) -> None:
+    """Make `folder` and the folders above it that are missing, open to every user to enter
+    and read (a root whose umask is 077 would make them closed)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir()
+        path.chmod(0o755)
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether a process runs a program from `folder` (a lab, a kernel of one)."""
+    inside = str(folder) + "/"
+    for process in Path("/proc").iterdir():
+        if process.name.isdigit():
+            try:
+                if inside.encode() in (process / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _as_nobody() -> dict:
+    """subprocess's arguments that run a command as `nobody`, with its own group alone."""
+    entry = pwd.getpwnam("nobody")
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
 def _system_python() -> str:
@@ -90,7 +176,7 @@ def _system_python() -> str:
             continue
         probe = [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
         try:
-            said = subprocess.run(probe, user="nobody", cwd="/", capture_output=True, text=True)
+            said = subprocess.run(probe, cwd="/", capture_output=True, text=True, **_as_nobody())
         except OSError:  # a folder on the way is closed to nobody
             continue
         if said.stdout.strip() == version:
@@ -128,8 +214,8 @@ def _compiled_catalogues() -> list[str]:
 
 def _runs_as_nobody(python: str) -> bool:
     try:
-        probe = subprocess.run([python, "-c", "import grader, jupyterhub"], user="nobody",
-                               cwd="/", capture_output=True)  # fmt: skip
+        probe = subprocess.run([python, "-c", "import grader, jupyterhub"], cwd="/",
+                               capture_output=True, **_as_nobody())  # fmt: skip
     except OSError:
         return False
     return probe.returncode == 0
@@ -308,6 +394,43 @@ class User:
                     return "".join(said)
 
         return IOLoop.current().run_sync(talk, timeout=timeout)
+
+    def terminal(self, command: str, timeout: float = 300) -> tuple[str, int]:
+        """Type `command` into a new Terminal of this user's lab (File > New > Terminal), as
+        a student does: what the Terminal showed, escapes left out, and its exit status."""
+        from tornado.httpclient import HTTPRequest
+        from tornado.ioloop import IOLoop
+        from tornado.websocket import websocket_connect
+
+        made = self.lab_api("POST", "/terminals")
+        assert made.status_code == 200, made.text
+        name = made.json()["name"]
+        cookies = "; ".join(f"{c.name}={c.value}" for c in self.session.cookies
+                            if self.lab.endswith(c.path.rstrip("/")) or c.path == "/")  # fmt: skip
+        url = self.lab.replace("http", "ws", 1) + f"/terminals/websocket/{name}"
+        marker = re.compile(r"@@exit=(\d+)@@")
+
+        async def talk() -> tuple[str, int]:
+            socket_ = await websocket_connect(
+                HTTPRequest(url, headers={"Cookie": cookies}, connect_timeout=30)
+            )
+            socket_.write_message(json.dumps(["stdin", f'{command}; echo "@@exit=$?@@"\r']))
+            shown = ""
+            while not (found := marker.search(shown)):
+                message = await socket_.read_message()
+                if message is None:
+                    raise RuntimeError(f"the Terminal closed; it showed:\n{shown}")
+                kind, *content = json.loads(message)
+                if kind == "stdout":
+                    shown += re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "",
+                                    content[0])  # fmt: skip
+            socket_.close()
+            return shown[: found.start()], int(found.group(1))
+
+        try:
+            return IOLoop.current().run_sync(talk, timeout=timeout)
+        finally:
+            self.lab_api("DELETE", f"/terminals/{name}")
 
 
 def temporary_homes() -> Path:
