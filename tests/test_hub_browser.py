@@ -1,0 +1,133 @@
+"""A student under a hub with nbgrader's exchange (HUB_EXCHANGE), in a real browser: headless
+Chromium driven over the DevTools protocol (tests/browser.py). tests/test_hub.py calls the
+exchange's handlers directly; this test goes the way a student does, through the login form
+and JupyterLab's menus, so that a lab whose Assignments list cannot be reached fails here.
+
+Without Chromium the test skips (Debian: apt install chromium); CI installs it (.ci/run)."""
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.browser import NO_CHROMIUM, Browser, chromium
+from tests.test_hub import REPO, names_in, running, started_hub
+
+pytestmark = pytest.mark.slow
+COURSE = "multigpu-lab"  # docker/lab-config-exchange/nbgrader_config.py's, without LAB_COURSE
+NOTEBOOKS = ["concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"]
+ITEMS = ".lm-Menu.lm-MenuBar-menu .lm-Menu-item"  # the items of the open main menu
+
+
+def generated_course(folder: Path) -> Path:
+    """The instructor's course folder, the assignment generated, ready for release."""
+    from tests.nbgrader_course import nbgrader
+
+    course = folder / "course"
+    course.mkdir()
+    shutil.copy(REPO / "nbgrader_config.py", course)
+    shutil.copytree(REPO / "solutions" / "multigpu", course / "solutions" / "multigpu")
+    nbgrader(course, "generate_assignment", "multigpu", "--force")
+    return course
+
+
+def log_in(browser: Browser, hub, name: str) -> None:
+    """Sign in through the hub's login form, and wait for the lab that the hub starts."""
+    browser.goto(hub.base + "/hub/login")
+    browser.type_into("#username_input", name)
+    browser.type_into("#password_input", hub.password(name))  # from the hub's passwords.csv
+    browser.click("#login_submit")
+    browser.wait_until(f"location.pathname.startsWith('/user/{name}/lab')",
+                       f"{name}'s lab after signing in", timeout=240)  # fmt: skip
+
+
+def open_menu(browser: Browser, title: str, timeout: float = 120) -> list[str]:
+    """Open the main menu `title` with a click and return its items. JupyterLab draws the
+    menu bar before all of its plugins have started, and a click that early opens nothing,
+    so the click is tried again until the menu shows."""
+    browser.wait_for(".lm-MenuBar-item", title, timeout)
+    for _ in range(int(timeout / 3)):
+        browser.click(".lm-MenuBar-item", title)
+        try:
+            browser.wait_for(".lm-Menu.lm-MenuBar-menu", timeout=3)
+            return browser.texts(ITEMS)
+        except AssertionError:
+            continue
+    raise AssertionError(f"the menu {title} did not open in {timeout} s")
+
+
+def palette_finds(browser: Browser, words: str) -> list[str]:
+    """What JupyterLab's command palette (Ctrl+Shift+C) lists for `words`."""
+    items = ".lm-CommandPalette-item"
+    browser.press("C", "KeyC", 67, modifiers=2 | 8)
+    browser.wait_for(".lm-CommandPalette input")
+    everything = browser.texts(items)
+    browser.type_into(".lm-CommandPalette input", words)
+    deadline = time.monotonic() + 10
+    while (found := browser.texts(items)) == everything:  # the palette filters on a timer
+        assert time.monotonic() < deadline, f"the palette did not answer {words!r}"
+        time.sleep(0.2)
+    browser.press("Escape", "Escape", 27)
+    return found
+
+
+def test_a_student_fetches_and_submits_from_the_assignments_list(tmp_path_factory, tmp_path):
+    """ann signs in, opens Nbgrader > Assignment List (the menu and the palette offer nothing
+    else of nbgrader's), fetches the released assignment, and submits it."""
+    if not chromium():
+        pytest.skip(NO_CHROMIUM)
+    course = generated_course(tmp_path)
+    shared = running.temporary_homes()
+    exchange = shared / "exchange"
+    try:
+        for hub in started_hub(tmp_path_factory, HUB_EXCHANGE=str(exchange)):
+            from tests.nbgrader_course import nbgrader
+
+            nbgrader(course, "release_assignment", "multigpu", f"--Exchange.root={exchange}")
+            with Browser(tmp_path / "browser") as browser:
+                try:
+                    a_student_fetches_and_submits(browser, hub, tmp_path)
+                except Exception:
+                    with contextlib.suppress(Exception):  # the failure's own message first
+                        shot = browser.screenshot(tmp_path / "at-failure.png")
+                        print(f"the browser at the failure: {shot}")
+                    raise
+            inbound = list((exchange / COURSE / "inbound").glob("ann+multigpu+*"))
+            assert len(inbound) == 1, inbound
+            assert sorted(p.name for p in inbound[0].glob("*.ipynb")) == NOTEBOOKS
+            ann = hub.login("ann")
+            ann.start_lab()  # running already: this signs her requests into it
+            fetched = names_in(ann.lab_api("GET", "/contents/multigpu"))
+            assert fetched == set(NOTEBOOKS)  # into her work folder
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def a_student_fetches_and_submits(browser: Browser, hub, tmp_path: Path) -> None:
+    log_in(browser, hub, "ann")
+    # The student's part of nbgrader, and nothing of the instructor's (formgrader, the course
+    # list, Create Assignment: their plugins are off, and their commands do not show).
+    assert open_menu(browser, "Nbgrader") == ["Assignment List"]
+    browser.press("Escape", "Escape", 27)
+    assert palette_finds(browser, "nbgrader") == ["Assignment List"]
+
+    open_menu(browser, "Nbgrader")
+    browser.click(ITEMS, "Assignment List")
+    browser.wait_for(".lm-TabBar-tab", "Assignments")
+    released = "#released_assignments_list .list_item"
+    browser.wait_for(released, "multigpu")
+    browser.click(released + " button", "Fetch")
+
+    fetched = "#fetched_assignments_list .list_item"
+    browser.wait_for(fetched, "multigpu", timeout=120)
+    browser.wait_for("#released_assignments_list_placeholder", "no assignments to fetch")
+    browser.click(fetched + " button", "Submit")
+
+    submitted = "#submitted_assignments_list .list_item"
+    browser.wait_for(submitted, "multigpu", timeout=120)
+    shown = browser.texts(submitted)
+    assert any(" UTC" in text for text in shown), shown  # the submission's time
+    shot = browser.screenshot(tmp_path / "assignments-list.png")
+    print(f"the Assignments list after the submission: {shot}")
