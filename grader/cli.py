@@ -3,6 +3,7 @@
 import argparse
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from grader import i18n
 from grader.grade_class import Outputs, expand, grade_class, one_slice
@@ -11,9 +12,10 @@ from grader.i18n import _
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.notebook import CELL, CELL_DEFINING
 from grader.load.submission import find_submission, unfit_notebooks
-from grader.manifest import Exercise, load_manifest
+from grader.manifest import Exercise, Manifest, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
-from grader.report.feedback import FeedbackError, check_feedback_folder
+from grader.report.feedback import FeedbackError
+from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
 from grader.report.results import render_submission
 from grader.sandbox.starting import children_fence, fork_server
 
@@ -302,13 +304,21 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.exercise:
         for e in args.exercise:
             manifest.exercise(e)
+    outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook, args.feedback)
+    outputs.check()  # before anything is graded
     if args.gradebook:
         check_nbgrader_gradebook(args.gradebook, manifest)
-    if args.feedback:
-        check_feedback_folder(args.feedback)
+    with stdout_kept_for_reports(outputs.to_stdout()):
+        return grade_into(args, manifest, outputs)
+
+
+def grade_into(args: argparse.Namespace, manifest: Manifest, outputs: Outputs) -> int:
+    """Grade what `args` names into `outputs` (checked already), saying how it went."""
     subs = expand(args.submissions, manifest)
     graded_here = one_slice(subs, *args.shard) if args.shard else subs
-    terminal = sys.stdout  # (a reference's cells print into a buffer while they load)
+    # (a reference's cells print into a buffer while they load); where a report goes to
+    # standard output, what the command says goes to standard error
+    terminal = sys.stderr if outputs.to_stdout() else sys.stdout
     if graded_here:  # what judging needs, loaded while the fork server may still be importing
         prefetch(graded_here[0], references=not args.public_only)
     fence = children_fence(fork_server())
@@ -319,7 +329,6 @@ def run_grade(args: argparse.Namespace) -> int:
         file=terminal,
         flush=True,
     )
-    outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook, args.feedback)
     results = grade_class(
         subs,
         outputs,
@@ -331,10 +340,7 @@ def run_grade(args: argparse.Namespace) -> int:
         exercises=args.exercise,
         shard=args.shard,
     )
-    for r in results:
-        print(f"{r.id}: {r.score:g}/{r.max_score:g}")
-    print()
-    print(summary_table(results, manifest))
+    say(results, manifest, terminal)
     for written, where in (
         (_("report written to {path}"), args.json),
         (_("gradebook written to {path}"), args.csv),
@@ -342,9 +348,17 @@ def run_grade(args: argparse.Namespace) -> int:
         (_("nbgrader's gradebook written to {path}"), args.gradebook),
         (_("feedback written to {path}"), args.feedback),
     ):
-        if where:
-            print(written.format(path=where))
+        if where and not is_stdout(where):
+            print(written.format(path=where), file=terminal)
     return 0
+
+
+def say(results: list, manifest: Manifest, terminal: TextIO) -> None:
+    """Print each submission's score and the summary table to `terminal`."""
+    for r in results:
+        print(f"{r.id}: {r.score:g}/{r.max_score:g}", file=terminal)
+    print(file=terminal)
+    print(summary_table(results, manifest), file=terminal)
 
 
 def run_merge(args: argparse.Namespace) -> int:
@@ -355,15 +369,14 @@ def run_merge(args: argparse.Namespace) -> int:
     except MergeError as error:
         print(_("error: {error}").format(error=error), file=sys.stderr)
         return 2
-    if args.feedback:
-        check_feedback_folder(args.feedback)
-    Outputs(args.json, args.csv, args.gradescope, None, args.feedback, run).write(results, None)
-    for r in results:
-        print(f"{r.id}: {r.score:g}/{r.max_score:g}")
-    print()
-    print(summary_table(results, load_manifest()))
+    outputs = Outputs(args.json, args.csv, args.gradescope, None, args.feedback, run)
+    outputs.check()
+    terminal = sys.stderr if outputs.to_stdout() else sys.stdout
+    with stdout_kept_for_reports(outputs.to_stdout()):
+        outputs.write(results, None)
+    say(results, load_manifest(), terminal)
     print(_("{count} slices joined: {students} submissions").format(
-        count=run["merged"], students=len(results)))  # fmt: skip
+        count=run["merged"], students=len(results)), file=terminal)  # fmt: skip
     return 0
 
 
@@ -433,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(said)
             return 0
         return run_grade(args)
-    except (FileNotFoundError, KeyError, GradebookError, FeedbackError) as error:
+    except (FileNotFoundError, KeyError, GradebookError, FeedbackError, ReportPathError) as error:
         said = error.args[0] if error.args else error
         print(_("error: {error}").format(error=said), file=sys.stderr)
         return 2

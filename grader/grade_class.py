@@ -8,7 +8,9 @@
 - After each one finishes, the JSON report, the CSV gradebook, its Gradescope file and its
   feedback file are rewritten atomically, so an interrupted run keeps everything already graded.
 - A submission whose fingerprint (notebooks, grader, options) matches one in the existing
-  JSON report is not graded again, unless asked.
+  JSON report is not graded again, unless asked (a report that goes to standard output, a
+  device or a FIFO is never read back, and is written once, at the end: see
+  grader.report.paths).
 - At the very end every output is written once more from the results held in memory, so
   nothing a submission's code wrote into them survives.
 """
@@ -19,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -36,7 +38,8 @@ from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
-from grader.report.feedback import write_feedback
+from grader.report.feedback import check_feedback_folder, feedback_markdown, write_feedback
+from grader.report.paths import check_report_paths, is_stdout, is_stream, standard_stream
 from grader.report.results import read_json, write_atomically, write_json
 from grader.sandbox.collected import Phases
 from grader.sandbox.scheduler import side_by_side_while_idle
@@ -122,25 +125,64 @@ class Outputs:
     nbgrader: Path | None = None  # nbgrader's gradebook.db
     feedback: Path | None = None  # a folder: a Markdown file per student
     run: dict | None = None  # what the JSON report says of how it was graded (`merge` reads it)
+    streamed: set[Path] = field(default_factory=set)  # the streams written (once each)
 
     def write(self, results: list[SubmissionResult], just_done: SubmissionResult | None) -> None:
         """Rewrite the reports; write the Gradescope and feedback files of `just_done` (all of
-        them if None)."""
+        them if None). A report that goes to a stream (standard output, a device, a FIFO) is
+        written once, at the end (`just_done` None): a stream cannot be rewritten."""
         manifest = load_manifest()
-        if self.json:
+        final = just_done is None
+
+        def now(path: Path) -> bool:
+            """Whether to write `path` now: a file each time, a stream once at the end."""
+            if not is_stream(path):
+                return True
+            if not final or path in self.streamed:
+                return False
+            self.streamed.add(path)
+            return True
+
+        if self.json and now(self.json):
             write_json(results, self.json, self.run)
-        if self.csv:
+        if self.csv and now(self.csv):
             write_atomically(self.csv, gradebook_csv(results, manifest))
         if self.gradescope:
-            for r in results if just_done is None else [just_done]:
+            for r in results if final else [just_done]:
                 write_gradescope(r, self.gradescope)
         if self.nbgrader:
-            done = results if just_done is None else [just_done]
+            done = results if final else [just_done]
             write_nbgrader_gradebook(done, self.nbgrader, manifest)
         if self.feedback:
             titles = {ex.id: ex.title for ex in manifest.exercises}
-            for r in results if just_done is None else [just_done]:
+            if standard_stream(self.feedback) is not None:
+                if now(self.feedback):  # every submission's, one after the other
+                    text = "\n".join(feedback_markdown(r, titles) for r in results)
+                    write_atomically(self.feedback, text)
+                return
+            for r in results if final else [just_done]:
                 write_feedback(r, self.feedback, titles)
+
+    def paths(self) -> tuple[dict[str, Path | None], ...]:
+        """Return the paths given, by option, for `check_report_paths`: files, folders,
+        streams (a folder or standard output), databases."""
+        return (
+            {"--json": self.json, "--csv": self.csv},
+            {"--gradescope": self.gradescope},
+            {"--feedback": self.feedback},
+            {"--gradebook": self.nbgrader},
+        )
+
+    def check(self) -> None:
+        """Raise ReportPathError (FeedbackError for the feedback folder), saying what to do,
+        unless every report can be written."""
+        check_report_paths(*self.paths())
+        if self.feedback and standard_stream(self.feedback) is None:
+            check_feedback_folder(self.feedback)
+
+    def to_stdout(self) -> bool:
+        """Return True where a report goes to standard output."""
+        return any(is_stdout(p) for p in (self.json, self.csv, self.feedback))
 
 
 class Progress:

@@ -33,6 +33,7 @@ from pathlib import Path
 from grader import settings
 from grader.base.printed import ReaderGone
 from grader.i18n import _
+from grader.report.paths import umask
 from grader.sandbox.fence import (
     Fence,
 )
@@ -114,7 +115,8 @@ def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:
     """In a session of the warm server: become `python -m grader COMMAND...` as the grader
     that asked would have been (its standard streams, folder, environment and arguments),
     run it, and send its exit code. Torch, the lab and the public checks are already here;
-    the rest is imported now, as it would be there."""
+    the rest is imported now, as it would be there. So its report paths mean what they mean
+    to the grader: `-` and `/dev/stdout` its standard output, a relative one in its folder."""
     code = 1
     try:
         for fd, target in zip(fds, (0, 1, 2), strict=True):
@@ -122,7 +124,9 @@ def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:
             os.close(fd)
         connection.send(json.dumps({"pid": os.getpid()}).encode())
         threading.Thread(target=_end_with, args=(connection,), daemon=True).start()
-        os.chdir(asked["cwd"])
+        os.chdir(asked["cwd"])  # relative paths are the grader's
+        if "umask" in asked:  # the files it makes get the grader's modes
+            os.umask(int(asked["umask"]))
         os.environ.clear()
         os.environ.update(asked["env"])
         tempfile.tempdir = None
@@ -183,7 +187,9 @@ def run_warm(argv: list[str]) -> int | None:
     if found is None:
         return None
     connection = found[0]
-    command = json.dumps({"command": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
+    command = json.dumps(
+        {"command": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask()}
+    )
     try:
         socket.send_fds(connection, [command.encode()], [0, 1, 2])
     except OSError:

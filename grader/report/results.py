@@ -1,25 +1,21 @@
 """Write the results of grading out, read them back, and show them (grader.judge.results)."""
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
 from grader.i18n import LANGUAGES, _, translate
 from grader.judge.results import NOT_RUN, ExerciseResult, SubmissionResult
+from grader.report.paths import readable_report, write_report
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write a file so that a reader sees the old or the new content, never half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write a file so that a reader sees the old or the new content, never half of it: a
+    symlink's target is replaced and the symlink kept; standard output, a device or a FIFO
+    is written directly (grader.report.paths)."""
+    write_report(path, text)
 
 
 def write_json(results: list[SubmissionResult], path: Path, run: dict | None = None) -> None:
@@ -30,7 +26,10 @@ def write_json(results: list[SubmissionResult], path: Path, run: dict | None = N
 
 
 def read_json(path: Path) -> list[SubmissionResult]:
-    """Read a JSON report back; an unreadable file gives no results (they will be graded)."""
+    """Read a JSON report back; an unreadable file gives no results (they will be graded),
+    and so does a stream (standard output, a pipe, a device), which is never read."""
+    if not readable_report(path):
+        return []
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         return [SubmissionResult.from_dict(s) for s in data["submissions"]]
