@@ -28,3 +28,11 @@ c.ClearSolutions.code_stub = {"python": STUB}
 
 # The notebooks train for real when nbgrader runs them (autograde): give cells time.
 c.ExecutePreprocessor.timeout = 900
+
+# Under a class's hub, collect takes each submission for the student whose account made it, and
+# sets aside, in forged/, one that a student's account handed in under another student's name
+# (hub/lab_exchange.py; the accounts' prefix is HUB_USER_PREFIX, as for the hub).
+_hub = __import__("grader.manifest").manifest.REPO / "hub"
+if (_hub / "lab_exchange.py").exists():  # (a checkout; the lab's image has no hub/)
+    __import__("sys").path.append(str(_hub))
+    c.ExchangeFactory.collect = "lab_exchange.LabCollect"

@@ -35,7 +35,7 @@ from grader.grading import (
 )
 from grader.i18n import _
 from grader.judge.results import SubmissionResult
-from grader.load.submission import Submission, find_submission
+from grader.load.submission import Submission, find_submission, set_aside_beside
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.feedback import check_feedback_folder, feedback_markdown, write_feedback
@@ -69,6 +69,7 @@ def expand(paths: list[str | Path], manifest: Manifest) -> list[Submission]:
                 for d in sorted(path.iterdir())
                 if d.is_dir() and not d.name.startswith(".")
             ]
+            say_set_aside(path, manifest)
         else:
             subs.append(find_submission(path, manifest))
     seen: set[str] = set()
@@ -78,6 +79,14 @@ def expand(paths: list[str | Path], manifest: Manifest) -> list[Submission]:
             sub.id, n = f"{base}-{n}", n + 1
         seen.add(sub.id)
     return subs
+
+
+def say_set_aside(class_folder: Path, manifest: Manifest, stream=None) -> None:
+    """Name, one line each, the submissions that nbgrader's collect set aside beside this
+    `submitted/` folder, handed in by one student's account as another student (they are not
+    graded: see grader.load.submission.SET_ASIDE)."""
+    for line in set_aside_beside(class_folder, manifest.assignment):
+        print(line, file=stream or sys.stderr, flush=True)
 
 
 def one_slice(subs: list[Submission], index: int, count: int) -> list[Submission]:

@@ -146,6 +146,9 @@ elif spawner == "process":
     c.LabProcessSpawner.python = python
     if exchange:
         c.Spawner.environment["LAB_EXCHANGE"] = open_exchange(exchange)
+        # the instructor's collect, run in their lab, maps each submission's owner back to
+        # a student's name (hub/lab_exchange.py)
+        c.Spawner.environment["HUB_USER_PREFIX"] = c.LabProcessSpawner.prefix
 else:
     raise SystemExit(f"hub: HUB_SPAWNER={spawner!r}: say docker or process")
 

@@ -48,6 +48,7 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (  # (file, variable or pattern, why
     ("hub/jupyterhub_config.py", "HUB_*", HUB),
     ("hub/jupyterhub_config.py", "LAB_LANG", "handed on to each lab, where grader.settings has it"),
     ("docs/hub/slurm_config.py", "HUB_*", HUB),
+    ("hub/lab_exchange.py", "HUB_USER_PREFIX", "nbgrader's collect: the hub hands labs the prefix"),
     ("hub/clear.py", "HUB_*", "the hub's state and account prefix, as its config has them"),
     ("hub/lab_hub.py", "DOCKER_HOST", "Docker's own: where its engine listens, as docker reads it"),
     ("nbgrader_config.py", "LAB_RELEASE_LANGUAGE", "nbgrader's config: `make exercises` sets it"),

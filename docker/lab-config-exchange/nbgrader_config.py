@@ -9,4 +9,22 @@ c.CourseDirectory.course_id = os.environ.get("LAB_COURSE") or "multigpu-lab"
 # Submissions carry the hub's name for the student, not the account the lab runs under
 # (lab-ann under the process spawner, `student` in every container).
 if os.environ.get("JUPYTERHUB_USER"):
-    c.CourseDirectory.student_id = os.environ["JUPYTERHUB_USER"]
+    from nbgrader.exchange.default.submit import ExchangeSubmit
+
+    hub_name = os.environ["JUPYTERHUB_USER"]
+    c.CourseDirectory.student_id = hub_name
+
+    class HubNameSubmit(ExchangeSubmit):
+        """Refuses a submission under any other name than the hub's (`nbgrader submit
+        --student=carol` in dan's Terminal). A courtesy, not the guard: a student can get
+        around their own lab's settings, so the instructor's collect checks who made each
+        submission (hub/lab_exchange.py)."""
+
+        def init_dest(self):
+            if self.coursedir.student_id != hub_name:
+                from grader.load.submission import not_your_name
+
+                self.fail(not_your_name(hub_name, self.coursedir.student_id))
+            super().init_dest()
+
+    c.ExchangeFactory.submit = HubNameSubmit

@@ -185,3 +185,47 @@ def unfit_by_notebook(sub: Submission, manifest: Manifest) -> dict[Path, str]:
             file=path.name, notebook=", ".join(names), functions=", ".join(sorted(functions))
         )
     return found
+
+
+# Under a class's hub, nbgrader's collect (hub/lab_exchange.py) sets a submission that one
+# student's account handed in under another student's name aside in this folder of the course,
+# beside `submitted/`: forged/<maker>/<assignment>/<the exchange's folder name>, which starts
+# with the name it claimed. The student it named keeps their own submission.
+SET_ASIDE = "forged"
+
+
+def handed_in_as_another(maker: str, claimed: str, assignment: str, path: str | Path) -> str:
+    """The one line that says a submission was set aside: `maker`'s account handed it in as
+    `claimed`."""
+    return _(
+        "{maker}'s account handed in {assignment} as {claimed}: set aside in {path}, "
+        "not taken as {claimed}'s"
+    ).format(maker=maker, claimed=claimed, assignment=assignment, path=path)
+
+
+def unchecked_owners(count: int, assignment: str, accounts: list[str]) -> str:
+    """The one line that says collect could not tell who made `count` submissions: their
+    `accounts` are no student's lab account."""
+    return _(
+        "{count} submission(s) of {assignment} were made by accounts that are no student's "
+        "lab account ({accounts}): who made them could not be checked"
+    ).format(count=count, assignment=assignment, accounts=", ".join(accounts))
+
+
+def not_your_name(name: str, given: str) -> str:
+    """Why a student's lab refuses to submit under `given`: the hub knows them as `name`."""
+    return _("you are {name} on this hub: a submission carries your own name, not {given}").format(
+        name=name, given=given
+    )
+
+
+def set_aside_beside(class_folder: str | Path, assignment: str) -> list[str]:
+    """Say, one line each, which submissions collect set aside beside nbgrader's `submitted/`
+    folder at `class_folder` (see SET_ASIDE); none where it set none aside."""
+    folder = Path(class_folder).parent / SET_ASIDE
+    lines = []
+    for found in sorted(folder.glob(f"*/{assignment}/*+{assignment}+*")):
+        claimed = found.name.split(f"+{assignment}+")[0]
+        maker = found.parent.parent.name
+        lines.append(handed_in_as_another(maker, claimed, assignment, found))
+    return lines
