@@ -15,11 +15,10 @@ import csv
 import os
 import pwd
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from hub.lab_hub import REPO
+from hub.lab_hub import REPO, remove_account
 
 
 def accounts(state: Path, prefix: str) -> list[pwd.struct_passwd]:
@@ -65,12 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print("hub.clear: removing accounts needs root", file=sys.stderr)
         return 2
     for entry in found:
-        subprocess.run(["pkill", "-KILL", "-u", entry.pw_name], capture_output=True)
-        done = subprocess.run(
-            ["userdel", "--remove", entry.pw_name], capture_output=True, text=True
-        )
-        if done.returncode not in (0, 12):  # 12: the home was already gone
-            print(f"hub.clear: userdel {entry.pw_name}: {done.stderr.strip()}", file=sys.stderr)
+        if not remove_account(entry.pw_name):
+            print(f"hub.clear: {entry.pw_name} could not be removed", file=sys.stderr)
             return 1
     if args.with_state:
         shutil.rmtree(args.state)

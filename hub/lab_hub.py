@@ -14,6 +14,7 @@ import pwd
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
@@ -137,6 +138,24 @@ class ClassAuthenticator(NativeAuthenticator):
                 info.is_authorized = False
                 self.db.commit()
             self.log.info("hub: %s left the class list and can no longer log in", name)
+
+
+def remove_account(account: str, timeout: float = 30) -> bool:
+    """Kill `account`'s processes and remove it with its home; return whether it is gone.
+    userdel refuses (exit 8) while a process killed a moment ago has not yet ended, so it is
+    asked again until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
+        done = subprocess.run(["userdel", "--remove", account], capture_output=True)
+        if done.returncode != 8 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    try:
+        pwd.getpwnam(account)
+    except KeyError:
+        return True
+    return False
 
 
 class GpuRoundRobin:

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
 
 import running  # noqa: E402
+from lab_hub import remove_account  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STUDENTS = ["ann", "bo"]
@@ -76,8 +77,7 @@ def started_hub(tmp_path_factory, **extra: str):
         hub.stop()
         if os.geteuid() == 0:
             for name in STUDENTS:
-                subprocess.run(["pkill", "-KILL", "-u", prefix + name], capture_output=True)
-                subprocess.run(["userdel", "--remove", prefix + name], capture_output=True)
+                remove_account(prefix + name)
         shutil.rmtree(homes, ignore_errors=True)
 
 

@@ -3,11 +3,11 @@ removed can no longer log in, and the labs already running go on."""
 
 import csv
 import os
-import subprocess
 import time
 
 import pytest
 
+from hub.lab_hub import remove_account
 from tests.test_hub import started_hub
 
 
@@ -39,8 +39,7 @@ def test_a_student_added_to_a_running_hub_logs_in_beside_a_running_lab(hub):
         assert "hub: cy was added to the class list" in hub.log_text()
     finally:
         if os.geteuid() == 0:
-            subprocess.run(["pkill", "-KILL", "-u", prefix + "cy"], capture_output=True)
-            subprocess.run(["userdel", "--remove", prefix + "cy"], capture_output=True)
+            remove_account(prefix + "cy")
 
 
 def test_a_student_removed_from_the_class_list_can_no_longer_log_in(hub):

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
 
 import running  # noqa: E402
-from lab_hub import open_exchange  # noqa: E402
+from lab_hub import open_exchange, remove_account  # noqa: E402
 
 NBGRADER = [sys.executable, "-m", "nbgrader"]
 COURSE = "multigpu-lab"
@@ -121,8 +121,7 @@ def accounts():
         yield prefix, homes
     finally:
         for account in made:
-            subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
-            subprocess.run(["userdel", "--remove", account], capture_output=True)
+            remove_account(account)
         shutil.rmtree(homes, ignore_errors=True)
 
 

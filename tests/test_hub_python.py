@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "hub"))
 
 import lab_hub  # noqa: E402
 import running  # noqa: E402
+from lab_hub import remove_account  # noqa: E402
 
 slow = pytest.mark.slow
 STUDENTS = ["ann", "bo"]
@@ -56,8 +57,7 @@ def hub(tmp_path_factory):
         hub.stop()
         if ROOT:
             for name in STUDENTS:
-                subprocess.run(["pkill", "-KILL", "-u", prefix + name], capture_output=True)
-                subprocess.run(["userdel", "--remove", prefix + name], capture_output=True)
+                remove_account(prefix + name)
         shutil.rmtree(homes, ignore_errors=True)
         shutil.rmtree(python_folder, ignore_errors=True)
 

@@ -9,7 +9,6 @@ root (Slurm's daemons and the students' accounts) and `apt install slurm-wlm mun
 
 import secrets
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
 
 import running  # noqa: E402
+from lab_hub import remove_account  # noqa: E402
 
 from tests.slurm_cluster import cluster_missing, one_node_cluster  # noqa: E402
 from tests.test_hub import A_RIGHT_TRY_GPU_CHECKED, NOTEBOOKS, lent_python  # noqa: E402
@@ -80,8 +80,7 @@ def hub(slurm, tmp_path_factory):
                 time.monotonic() < deadline
             ):
                 time.sleep(0.3)
-            subprocess.run(["pkill", "-KILL", "-u", hub.account], capture_output=True)
-            subprocess.run(["userdel", "--remove", hub.account], capture_output=True)
+            remove_account(hub.account)
     finally:
         shutil.rmtree(homes, ignore_errors=True)
     # After the cleaning up, which must run all the same; reached only where nothing failed.

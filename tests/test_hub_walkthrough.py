@@ -15,14 +15,12 @@ NAME`, which tests/test_readme.py runs as plain commands). Its lines:
 
 import json
 import os
-import pwd
 import re
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
 
 import running  # noqa: E402
-from lab_hub import read_class_list  # noqa: E402
+from lab_hub import read_class_list, remove_account  # noqa: E402
 
 PAGE = REPO / "docs" / "hub.md"
 BLOCK = re.compile(r"<!-- hub-walkthrough -->\s*```console\n(.*?)```", re.S)
@@ -220,27 +218,12 @@ class Class:
             self.hub.stop()
         left = []
         if os.geteuid() == 0:
-            left = [a for a in (self.prefix + name for name in self.students) if not removed(a)]
+            left = [
+                a for a in (self.prefix + name for name in self.students) if not remove_account(a)
+            ]
         shutil.rmtree(self.homes, ignore_errors=True)
         shutil.rmtree(self.exchange.parent, ignore_errors=True)
         return left
-
-
-def removed(account: str, timeout: float = 30) -> bool:
-    """Kill `account`'s processes and remove it with its home; whether it is gone. userdel
-    refuses (8) while a process killed a moment ago has not yet ended."""
-    deadline = time.monotonic() + timeout
-    while True:
-        subprocess.run(["pkill", "-KILL", "-u", account], capture_output=True)
-        done = subprocess.run(["userdel", "--remove", account], capture_output=True)
-        if done.returncode != 8 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    try:
-        pwd.getpwnam(account)
-        return False
-    except KeyError:
-        return True
 
 
 def shown_in(shown: str, lines: list[str], said: str) -> None:
