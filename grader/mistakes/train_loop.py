@@ -17,11 +17,13 @@ RIGHT = {
     "LOOP": """    for epoch in range(num_epochs):
         timer.start()
         for X, y in train_iter:
-            train_batch(X, y, device_params, devices, lr)
+            <<STEP>>
             <<SYNC>>
         timer.stop()
         animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))""",
+            <<EVALUATED>>, test_iter, devices[0]),))""",
+    "STEP": "train_batch(X, y, device_params, devices, lr)",
+    "EVALUATED": "lambda x: lenet(x, device_params[0])",
     "SYNC": "torch.cuda.synchronize()",  # the book's; it runs on stand-ins too
     "SUMMARY": "    print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch on "
     "{str(devices)}')",
@@ -67,13 +69,7 @@ evaluates_the_initial_parameters = Mistake(
     source=variant(
         BOOK,
         RIGHT,
-        LOOP="""    for epoch in range(num_epochs):
-        timer.start()
-        for X, y in train_iter:
-            train_batch(X, y, device_params, devices, lr)
-        timer.stop()
-        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, [p.to(devices[0]) for p in params]), test_iter, devices[0]),))""",
+        EVALUATED="lambda x: lenet(x, [p.to(devices[0]) for p in params])",
     ),
     fails="evaluates_a_trained_replica_after_each_epoch",
     hint_mentions="evaluate a replica being trained",
@@ -85,13 +81,7 @@ trains_on_one_device = Mistake(
     source=variant(
         BOOK,
         RIGHT,
-        LOOP="""    for epoch in range(num_epochs):
-        timer.start()
-        for X, y in train_iter:
-            train_batch(X, y, device_params[:1], devices[:1], lr)
-        timer.stop()
-        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(
-            lambda x: lenet(x, device_params[0]), test_iter, devices[0]),))""",
+        STEP="train_batch(X, y, device_params[:1], devices[:1], lr)",
     ),
     fails="every_step_uses_every_devices_replica",
     hint_mentions="hand train_batch all of them",
