@@ -110,6 +110,20 @@ def test_no_import_goes_up_a_layer(graph):
     assert not upward, "imports that go up the layers:\n" + "\n".join(upward)
 
 
+def test_the_runtime_takes_of_the_grader_its_messages_alone(graph):
+    """grader.settings sits in the runtime layer for grader.i18n's sake (a leaf: os and
+    dataclasses); dplab still reaches the grader through grader.i18n alone, and no further."""
+    reached = {
+        other
+        for name, found in graph.items()
+        if name.split(".")[0] == "dplab"
+        for other in found
+        if other.split(".")[0] == "grader"
+    }
+    assert reached == {"grader.i18n"}, reached
+    assert graph["grader.settings"] == set()
+
+
 def test_no_modules_import_each_other_in_a_circle(graph):
     circles = []
     state: dict[str, int] = {}  # 1: on the path being followed, 2: done
