@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -255,6 +256,15 @@ def check_python_for_students(python: str, account: str = "nobody") -> None:
         )
 
 
+def listens(host: str, port: int) -> bool:
+    """Whether something takes connections at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 class LabCannotStart(web.HTTPError):
     """A lab that cannot start: the hub logs `for_the_log`, and shows the student
     `for_the_student` (JupyterHub shows a spawn's failure by its `jupyterhub_message`)."""
@@ -336,12 +346,39 @@ class LabProcessSpawner(LocalProcessSpawner):
             try:  # (a probe of a second or so, which the hub's other users need not wait for)
                 self.lab = await asyncio.to_thread(self._check_reach)
                 self.cmd = [os.path.join(self.lab, "docker", "start-lab")]
-                return await super().start()
+                return await self._start_and_listen()
             except Exception:
                 self._forget_a_new_account()
                 raise
         os.makedirs(self.home, exist_ok=True)
-        return await super().start()
+        return await self._start_and_listen()
+
+    async def _start_and_listen(self) -> tuple[str, int]:
+        """Start the lab's process and wait until it listens on its port. A lab whose process
+        ends first, or that never listens, fails with a page for the student, where the hub
+        alone would wait out its `http_timeout` and then show its own generic error."""
+        ip, port = await super().start()
+        deadline = time.monotonic() + self.http_timeout
+        while time.monotonic() < deadline:
+            status = await self.poll()
+            if status is not None:
+                raise LabCannotStart(
+                    f"the lab of {self.user.name} ({self.cmd[0]}, pid {self.pid}) ended with "
+                    f"status {status} before it listened on port {port}; its own output is "
+                    "above in this log",
+                    f"Your lab stopped while it was starting (status {status}). This is not "
+                    "something you did: please tell your instructor, whose hub log shows why.",
+                )
+            if await asyncio.to_thread(listens, ip or "127.0.0.1", port):
+                return ip, port
+            await asyncio.sleep(0.25)
+        raise LabCannotStart(
+            f"the lab of {self.user.name} ({self.cmd[0]}, pid {self.pid}) did not listen on "
+            f"port {port} within {self.http_timeout:.0f} s (Spawner.http_timeout); it is "
+            "stopped. Its own output is above in this log",
+            f"Your lab did not open within {self.http_timeout:.0f} seconds and was stopped. "
+            "Please try again in a minute, and tell your instructor if it happens again.",
+        )
 
     def run_post_stop_hook(self):
         # The hub stops a lab that never answered (it timed out, its process ended) before

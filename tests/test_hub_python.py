@@ -25,7 +25,7 @@ import running  # noqa: E402
 from lab_hub import remove_account  # noqa: E402
 
 slow = pytest.mark.slow
-STUDENTS = ["ann", "bo"]
+STUDENTS = ["ann", "bo", "cy"]
 ROOT = os.geteuid() == 0
 # Where the hub makes the Python it lends, when run by root: outside the checkout.
 LENT = "lent-python"
@@ -178,6 +178,45 @@ def test_a_lab_that_cannot_start_tells_the_student_and_leaves_no_account(hub, an
     # With the Python open again, bo's lab starts, in an account made for it then.
     bo.start_lab()
     assert account_exists(account)
+
+
+@slow
+@pytest.mark.skipif(not ROOT, reason="only root's hub makes accounts")
+def test_a_lab_that_ends_as_it_starts_tells_the_student_at_once(hub, ann):
+    """The lab's start script exits at once: the student learns it without waiting out the
+    hub's timeout, the log says which lab ended and how, and the new account goes again."""
+    executable = ann.run("import sys\nprint(sys.executable)\n").strip()
+    if not Path(executable).is_relative_to(lent_folder(hub)):
+        pytest.skip("the hub lends the checkout's own Python here")
+    start_lab = Path(executable).parents[1] / "lab" / "docker" / "start-lab"
+    kept = start_lab.read_bytes()
+    account = hub.env["HUB_USER_PREFIX"] + "cy"
+    cy = hub.login("cy")
+    start_lab.write_text("#!/bin/sh\necho 'start-lab: a broken lab, for the test' >&2\nexit 3\n")
+    began = time.monotonic()
+    try:
+        page = cy.session.get(f"{hub.base}/hub/spawn/cy", timeout=60)
+        while "tell your instructor" not in page.text and time.monotonic() < began + 80:
+            time.sleep(1)
+            page = cy.session.get(f"{hub.base}/hub/spawn-pending/cy", timeout=60)
+        waited = time.monotonic() - began
+    finally:
+        start_lab.write_bytes(kept)
+    assert "Your lab stopped while it was starting (status 3)" in page.text, page.text[-2000:]
+    assert "Spawner failed" not in page.text and "Unhandled error" not in page.text
+    assert waited < lab_hub_http_timeout(), "the student waited out the hub's own timeout"
+    log = hub.log_text()
+    assert "the lab of cy" in log and "ended with status 3 before it listened" in log, log[-3000:]
+    assert "start-lab: a broken lab, for the test" in log  # its own output, as the log says
+    assert not account_exists(account)
+    cy.start_lab()  # mended, it starts
+    assert account_exists(account)
+
+
+def lab_hub_http_timeout() -> float:
+    """The hub's Spawner.http_timeout, as hub/jupyterhub_config.py sets it."""
+    config = (REPO / "hub" / "jupyterhub_config.py").read_text()
+    return float(config.split("c.Spawner.http_timeout = ", 1)[1].split()[0])
 
 
 # ---- the spawner's own bookkeeping, without a hub ----------------------------------------
