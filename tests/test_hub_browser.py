@@ -6,6 +6,7 @@ and JupyterLab's menus, so that a lab whose Assignments list cannot be reached f
 Without Chromium the test skips (Debian: apt install chromium); CI installs it (.ci/run)."""
 
 import contextlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -123,6 +124,7 @@ def a_student_fetches_and_submits(browser: Browser, hub, tmp_path: Path) -> None
     fetched = "#fetched_assignments_list .list_item"
     browser.wait_for(fetched, "multigpu", timeout=120)
     browser.wait_for("#released_assignments_list_placeholder", "no assignments to fetch")
+    validate_stub(browser, fetched, tmp_path)
     browser.click(fetched + " button", "Submit")
 
     submitted = "#submitted_assignments_list .list_item"
@@ -131,3 +133,23 @@ def a_student_fetches_and_submits(browser: Browser, hub, tmp_path: Path) -> None
     assert any(" UTC" in text for text in shown), shown  # the submission's time
     shot = browser.screenshot(tmp_path / "assignments-list.png")
     print(f"the Assignments list after the submission: {shot}")
+
+
+def validate_stub(browser: Browser, fetched: str, tmp_path: Path) -> None:
+    """Open the fetched assignment's notebooks and Validate from_scratch, still the stub:
+    nbgrader runs it as autograde will, and its dialog names the checks that failed."""
+    browser.click(fetched + " .assignment-notebooks-link", "multigpu")
+    rows = json.dumps(fetched + " .nested_list_item")
+    browser.evaluate(
+        f"[...document.querySelectorAll({rows})].find("
+        "r => r.querySelector('.item_name').innerText.trim() === 'from_scratch')"
+        ".id = 'from-scratch-row'"
+    )
+    browser.click("#from-scratch-row button", "Validate")
+    browser.wait_for("#validation-message", timeout=300)
+    said = browser.texts("#validation-message")[0]
+    assert "The following cell failed" in said, said
+    assert 'check("allreduce", allreduce)' in said, said
+    assert "Success" not in said and "error running the validate command" not in said, said
+    print(f"the Validate dialog: {browser.screenshot(tmp_path / 'validate.png')}")
+    browser.click(".jp-Dialog button", "Ok")

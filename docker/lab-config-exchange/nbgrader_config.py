@@ -6,6 +6,10 @@ import os
 c = get_config()  # noqa: F821 (nbgrader provides get_config)
 c.Exchange.root = os.environ["LAB_EXCHANGE"]
 c.CourseDirectory.course_id = os.environ.get("LAB_COURSE") or "multigpu-lab"
+# The list's Validate button runs a fetched notebook from top to bottom, its demo training
+# included, as autograde will: give cells the course's time (nbgrader's default of 30 s
+# interrupts the training, and then reports the notebook as passing all the same).
+c.ExecutePreprocessor.timeout = 900
 # Submissions carry the hub's name for the student, not the account the lab runs under
 # (lab-ann under the process spawner, `student` in every container).
 if os.environ.get("JUPYTERHUB_USER"):
