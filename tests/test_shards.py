@@ -68,6 +68,16 @@ def test_the_joined_slices_equal_one_grade_of_the_class_check_by_check(graded):
     assert sorted(p.name for p in (graded / "gradescope").iterdir()) == sorted(whole)
 
 
+def test_the_joined_report_goes_to_standard_output_with_dash(graded):
+    joined = grader("merge", "slice0.json", "slice1.json", "slice2.json", "--json", "-",
+                    cwd=graded)  # fmt: skip
+    assert joined.returncode == 0, joined.stderr
+    report = json.loads(joined.stdout)  # the report alone: what is said goes to stderr
+    assert [s["id"] for s in report["submissions"]] == list(checks(graded / "whole.json"))
+    assert "3 slices joined: 4 submissions" in joined.stderr
+    assert not (graded / "-").exists()
+
+
 def refused(done: subprocess.CompletedProcess, message: str) -> None:
     """`done` ended as a refusal does: exit code 2, and `message` said on standard error,
     nothing on standard output."""
