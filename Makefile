@@ -43,8 +43,8 @@ $(LAB_READY): requirements/lab.txt pyproject.toml | $(BIN)/python
 	$(PIP) --no-deps -e .
 	touch $@
 
-# The lab's messages in each language: i18n/<language>/messages/*.po compiled (grader/i18n.py).
-CATALOGUES := $(patsubst i18n/%/messages,grader/locale/%/LC_MESSAGES/lab.mo,$(wildcard i18n/*/messages))
+# The lab's messages in each language: i18n/<language>/messages/*.po compiled (labtext/__init__.py).
+CATALOGUES := $(patsubst i18n/%/messages,labtext/locale/%/LC_MESSAGES/lab.mo,$(wildcard i18n/*/messages))
 $(CATALOGUES): $(wildcard i18n/*/messages/*.po) | $(LAB_READY)
 	$(BIN)/python -m grader messages compile
 
@@ -80,7 +80,7 @@ hub-clear: $(HUB_READY)
 
 lint: $(DEV_READY)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check grader dplab hub tests conftest.py
+	$(BIN)/ruff format --check grader dplab labtext hub tests conftest.py
 
 # One PyTorch thread per process in the tests (the grading children use one anyway): with two,
 # another program keeping one core busy made the notebook kernels crawl while the threads

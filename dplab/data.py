@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from dplab import settings
-from grader.i18n import N_, _
+from labtext import N_, _
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",

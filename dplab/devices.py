@@ -35,9 +35,9 @@ grader.devices.)
 import torch
 from torch import Tensor
 
+import labtext
 from dplab import settings, sim
-from grader import i18n
-from grader.i18n import N_, _
+from labtext import N_, _
 
 MODES = ("auto", "real", "stand-in", "cpu")
 _told: set[str] = set()
@@ -87,11 +87,11 @@ def using_stand_ins(mode: str | None = None) -> bool:
 
 def _tell(what: str, message: str, **fields: object) -> None:
     """Print `message` (marked with N_) once per process for each `what`, in the language of
-    whoever runs it (i18n.default_language: the notebook's in a kernel, the command line's in
+    whoever runs it (labtext.default_language: the notebook's in a kernel, the command line's in
     the grader), not in that of the submission being graded at the moment."""
     if what not in _told:
         _told.add(what)
-        print(i18n.translate(i18n.default_language(), message).format(**fields))
+        print(labtext.translate(labtext.default_language(), message).format(**fields))
 
 
 def exact_float32() -> None:

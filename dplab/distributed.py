@@ -52,7 +52,7 @@ from dplab.launched import (  # noqa: F401  (what a launch gives back, and how i
 )
 from dplab.rank import fork_rank, run_rank
 from dplab.watch import Group, watch_group
-from grader.i18n import _
+from labtext import _
 
 MAX_PROCESSES = 16
 

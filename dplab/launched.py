@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from grader.i18n import N_, _
+from labtext import N_, _
 
 
 @dataclass

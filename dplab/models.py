@@ -4,7 +4,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from grader.i18n import N_, _
+from labtext import N_, _
 
 
 def lenet_params(scale: float = 0.01, seed: int | None = None) -> list[Tensor]:

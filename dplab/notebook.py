@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dplab
 from dplab.launched import LaunchSkipped, launches_skipped
-from grader.i18n import _
+from labtext import _
 
 # Never run while loading: the notebook's own check cells (grading runs the checks) and its
 # launches of process groups (`d2l.launch(...)`: demos and training runs, for people).

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from dplab import settings
-from grader.i18n import _
+from labtext import _
 
 # Set in a process forked from the kernel (dplab.distributed): it must not draw in the
 # notebook, whose connection belongs to the kernel; its plots are saved as files instead.

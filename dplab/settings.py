@@ -1,22 +1,7 @@
 """The runtime's settings, read from the environment: every `DPLAB_*` variable the lab reads
 is here, with its default and what it does (docs/settings.md lists them)."""
 
-import os
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Setting:
-    """An environment variable the lab reads, its default, and what it changes."""
-
-    name: str
-    default: str
-    help: str
-
-    def get(self) -> str:
-        """Return the variable's value here, or its default where it is unset."""
-        return os.environ.get(self.name, self.default)
-
+from labtext.settings import Setting
 
 DEVICES = Setting(
     "DPLAB_DEVICES",

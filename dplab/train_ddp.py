@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from grader.i18n import N_, _
+from labtext import N_, _
 
 DESCRIPTION = N_(
     "Train LeNet on Fashion-MNIST with a notebook's `train_ddp`, one process per GPU, under "

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from dplab.devices import synchronize
-from grader.i18n import _
+from labtext import _
 
 
 class Timer:

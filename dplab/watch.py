@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dplab.launched import AUTOGRAD_FORK_HINT, LaunchError, RankFailed, RanksHung, RanksTimedOut
-from grader.i18n import N_, _
+from labtext import N_, _
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

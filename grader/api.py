@@ -60,7 +60,7 @@ One mistake should cost the checks about it, and no others:
 - `Fail(..., see="other_check")` (or `expect(..., see=...)`) says that a failure has the
   cause another check judges: where that check fails too, this one keeps its points.
 
-Messages are written in English and looked up in the reader's language (grader.i18n):
+Messages are written in English and looked up in the reader's language (labtext):
 `_("got {got}").format(got=...)` where a message is made, `N_(...)` for a constant. A check's
 docstring and hint, and the hints and messages given to `Fail`, are looked up by the judge.
 """
@@ -110,7 +110,6 @@ from grader.fixtures import (
     state,
     which_replica,
 )
-from grader.i18n import N_, _
 from grader.ranks.apart import apart
 from grader.ranks.groups import in_every_size, in_rank
 from grader.ranks.judging import (
@@ -122,6 +121,7 @@ from grader.ranks.judging import (
     ranks_that_returned,
 )
 from grader.ranks.recording import COLLECTIVES, all_reduce, recording_calls
+from labtext import N_, _
 
 __all__ = [
     # declaring cases and checks
@@ -156,7 +156,7 @@ __all__ = [
     "expect_equal",
     "expect_kept_dtype",
     "short",
-    # messages in the reader's language (grader.i18n)
+    # messages in the reader's language (labtext)
     "_",
     "N_",
     # inputs and stand-ins the exercises share

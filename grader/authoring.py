@@ -8,10 +8,10 @@ points). `sync_points` writes them into those cells; `problems` lists what does 
 import json
 from pathlib import Path
 
-from grader.i18n import _
 from grader.judge.registry import exercise_points
 from grader.load.notebook import cells_by_grade_id
 from grader.manifest import load_manifest, solutions_dir
+from labtext import _
 
 
 def problems(folder: Path | None = None) -> list[str]:

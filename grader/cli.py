@@ -5,10 +5,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from grader import i18n
+import labtext
 from grader.grade_class import Outputs, expand, grade_class, one_slice
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
-from grader.i18n import _
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.notebook import CELL, CELL_DEFINING
 from grader.load.submission import find_submission, unfit_notebooks
@@ -18,6 +17,7 @@ from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
 from grader.report.results import render_submission
 from grader.sandbox.starting import children_fence, fork_server
+from labtext import _
 
 
 def exercise_table() -> str:
@@ -266,7 +266,7 @@ def about(note: str, exercises: list[Exercise]) -> bool:
     lab's languages)."""
 
     def said(message: str, **fields: str) -> set[str]:
-        return {i18n.translate(lang, message).format(**fields) for lang in i18n.LANGUAGES}
+        return {labtext.translate(lang, message).format(**fields) for lang in labtext.LANGUAGES}
 
     return any(
         any(
@@ -281,8 +281,8 @@ def about(note: str, exercises: list[Exercise]) -> bool:
 def run_check(args: argparse.Namespace) -> int:
     manifest = load_manifest()
     sub = select_exercises(find_submission(args.path, manifest), args.exercise)
-    i18n.choose(sub.language)  # the student at the terminal reads the notebook's language
-    with i18n.speaking(sub.language):
+    labtext.choose(sub.language)  # the student at the terminal reads the notebook's language
+    with labtext.speaking(sub.language):
         unfit = unfit_notebooks(sub, manifest)
         if unfit:  # one clear error, and no report of checks that could judge nothing
             for problem in unfit:
@@ -383,7 +383,7 @@ def run_merge(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        i18n.choose(args.lang)
+        labtext.choose(args.lang)
     except ValueError as error:
         print(_("error: {error}").format(error=error), file=sys.stderr)
         return 2

@@ -33,7 +33,6 @@ from grader.grading import (
     select_exercises,
     stop_all_children,
 )
-from grader.i18n import _
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission, set_aside_beside
 from grader.manifest import REPO, Manifest, load_manifest
@@ -43,6 +42,7 @@ from grader.report.paths import check_report_paths, is_stdout, is_stream, standa
 from grader.report.results import read_json, write_atomically, write_json
 from grader.sandbox.collected import Phases
 from grader.sandbox.scheduler import side_by_side_while_idle
+from labtext import _
 
 
 def is_class_folder(path: Path, manifest: Manifest) -> bool:

@@ -14,13 +14,13 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from grader import i18n
-from grader.i18n import _
+import labtext
 from grader.manifest import REPO, load_manifest
+from labtext import _
 
 # What the autograder needs of the repository (tracked files only: no virtual environment,
 # no students' work, no tests).
-BUNDLED = ("grader", "dplab", "solutions", "exercises", "i18n", "requirements/lab.txt",
+BUNDLED = ("grader", "dplab", "labtext", "solutions", "exercises", "i18n", "requirements/lab.txt",
            "pyproject.toml", "LICENSE")  # fmt: skip
 AT_THE_TOP = ("setup.sh", "run_autograder")  # Gradescope looks for these at the zip's top
 
@@ -104,7 +104,7 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
     folder = notebook_folder(submission, list(manifest.notebooks))
     sub = find_submission(folder, manifest)
     if folder != submission and sub.notebooks:
-        with i18n.speaking(sub.language):
+        with labtext.speaking(sub.language):
             sub.notes.insert(
                 0,
                 _("The notebooks graded are those in {folder} of your upload.").format(
@@ -159,7 +159,7 @@ def stopped(submission: Path, results: Path, code: int, log: Path | None = None)
         return ""
     manifest = load_manifest()
     folder = notebook_folder(Path(submission), list(manifest.notebooks))
-    with i18n.speaking(submission_language(folder, manifest.assignment)):
+    with labtext.speaking(submission_language(folder, manifest.assignment)):
         if code in KILLED:
             limit = memory_limit()
             lines = [

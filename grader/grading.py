@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grader import i18n
+import labtext
 from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.results import SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference
@@ -101,7 +101,7 @@ def grade_submission(
     they come after), and runs only their cases. `side_by_side` notebooks are graded at once
     (a number, or a function that says it now; by default, as many as there are cores).
     Its messages are in the submission's language (`sub.language`)."""
-    with i18n.speaking(sub.language):
+    with labtext.speaking(sub.language):
         return _graded(sub, seed, hidden, limits, threads, phases, only_checks, side_by_side)
 
 

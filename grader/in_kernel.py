@@ -11,11 +11,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from grader import i18n, settings
+import labtext
+from grader import settings
 from grader.api import Context, Student
 from grader.devices import grading_devices
 from grader.grading import DEVICES
-from grader.i18n import _
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
@@ -24,6 +24,7 @@ from grader.manifest import Exercise, load_manifest
 from grader.ranks.pools import rank_pools
 from grader.report.results import render_exercise
 from grader.sandbox.runner import run_checks
+from labtext import _
 
 _public: dict[str, tuple[object, dict]] = {}  # each exercise's function and public outcomes
 
@@ -95,7 +96,7 @@ class Points(float):
         return points
 
     def _repr_markdown_(self) -> str:
-        with i18n.speaking(self.language):
+        with labtext.speaking(self.language):
             line = _("**{earned} of {total} points**").format(
                 earned=f"{float(self):g}", total=f"{self.total:g}"
             )
@@ -120,8 +121,8 @@ def check(exercise_id: str, function: Callable | None = None, hidden: bool = Fal
     exercise's function is taken from the notebook. With hidden=True (the instructor's copy)
     the hidden checks are added to the public ones just run on the same function.
     """
-    with i18n.speaking(kernel_language(exercise_id)):
-        language = i18n.current()
+    with labtext.speaking(kernel_language(exercise_id)):
+        language = labtext.current()
         return _check(exercise_id, function, hidden, language)
 
 
@@ -129,14 +130,14 @@ def kernel_language(exercise_id: str) -> str:
     """Return the language of this kernel's notebook: the one Jupyter names; else, where
     nothing names it (nbgrader's autograding runs the notebook in its own folder), the
     exercise's notebook in the working folder; else LAB_LANG's or the locale's."""
-    if i18n.kernel_language() is None:
+    if labtext.kernel_language() is None:
         try:
             here = Path.cwd() / load_manifest().exercise(exercise_id).notebook
         except (KeyError, OSError):
             here = None
-        if here is not None and here.is_file() and (language := i18n.file_language(here)):
+        if here is not None and here.is_file() and (language := labtext.file_language(here)):
             return language
-    return i18n.default_language()
+    return labtext.default_language()
 
 
 def _check(exercise_id: str, function: Callable | None, hidden: bool, language: str) -> float:

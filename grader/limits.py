@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from grader.i18n import _
+from labtext import _
 
 
 class TimeLimit(BaseException):

@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 
 from grader import settings
-from grader.i18n import _
+from labtext import _
 
 MANIFEST = Path(__file__).with_name("manifest.toml")
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grader.i18n import _
 from grader.judge.results import SubmissionResult
+from labtext import _
 
 
 class MergeError(Exception):

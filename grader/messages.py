@@ -1,7 +1,7 @@
 """The grader's messages to translate, found in its code, and what each language still lacks.
 
     python -m grader messages missing [--language zh_CN]   messages with no translation yet
-    python -m grader messages compile                      i18n/*/messages/*.po -> grader/locale/
+    python -m grader messages compile                      i18n/*/messages/*.po -> labtext/locale/
 
 A message is a string given to `_()` or `N_()` in the grader's code, a check's docstring,
 hint or gate's reason, or an exercise's title in the manifest. `tests/test_messages.py` fails
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.i18n import LANGUAGES, PACKAGE, PACKAGES, read_sources, sources
+from labtext import LANGUAGES, PACKAGE, PACKAGES, read_sources, sources
 
 ROOT = PACKAGE.parent
 
@@ -153,7 +153,7 @@ def as_po(messages: list[Message]) -> str:
 
 def main(command: str, language: str = "zh_CN", under: str | None = None) -> int:
     if command == "compile":
-        from grader.i18n import compile_catalogues
+        from labtext import compile_catalogues
 
         for path in compile_catalogues():
             print(f"wrote {Path(path).relative_to(ROOT)}")

@@ -1,26 +1,10 @@
 """The grader's settings, read from the environment: every variable the grader reads is here
-(its `GRADER_*` settings, and those that choose the language of the lab's messages, which
-grader.i18n reads for dplab too), with its default and what it does (docs/settings.md lists
-them, with the runtime's own in dplab.settings). It imports nothing of the lab, so that
-grader.i18n, at the bottom of the layers, can read it."""
+(its `GRADER_*` settings and XDG_RUNTIME_DIR), with its default and what it does
+(docs/settings.md lists them, with the runtime's own in dplab.settings and the language's in
+labtext.settings). It imports no torch, so that a command that reads one is not slowed before
+the warm server answers."""
 
-import os
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Setting:
-    """An environment variable the grader reads, its default, and what it changes (the same
-    shape as dplab.settings.Setting, kept here so that reading one imports no torch)."""
-
-    name: str
-    default: str
-    help: str
-
-    def get(self) -> str:
-        """Return the variable's value here, or its default where it is unset."""
-        return os.environ.get(self.name, self.default)
-
+from labtext.settings import Setting
 
 SOLUTIONS = Setting(
     "GRADER_SOLUTIONS", "", "the folder of reference notebooks (default: solutions/<assignment>)"
@@ -54,23 +38,6 @@ RUNTIME_DIR = Setting(
     "temporary folder)",
 )
 
-# The language of messages (grader.i18n): --lang, else the notebook's, else these, in turn.
-SESSION = Setting(
-    "JPY_SESSION_NAME",
-    "",
-    "set by Jupyter in a kernel: the notebook it runs, whose language the kernel's messages take",
-)
-LANGUAGE = Setting(
-    "LAB_LANG",
-    "",
-    "the language of messages where neither --lang nor the notebook names one: zh_CN (Chinese) "
-    "or en; start-lab and the hub pass it on to the kernels",
-)
-LC_ALL = Setting("LC_ALL", "", "the locale, where LAB_LANG is unset: Chinese for zh*, else English")
-LC_MESSAGES = Setting("LC_MESSAGES", "", "the locale of messages, where LC_ALL is unset")
-LANG = Setting("LANG", "", "the locale, where LC_ALL and LC_MESSAGES are unset")
-LOCALE = (LC_ALL, LC_MESSAGES, LANG)  # in the order they are read
-
 ALL = (
     SOLUTIONS,
     SEED,
@@ -79,7 +46,4 @@ ALL = (
     WARM_DIR,
     WARM_SECONDS,
     RUNTIME_DIR,
-    SESSION,
-    LANGUAGE,
-    *LOCALE,
 )

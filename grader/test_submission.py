@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from grader.grading import grade_path
-from grader.i18n import _
 from grader.judge.registry import hidden_available, hidden_checks, public_checks
 from grader.manifest import REPO, load_manifest
+from labtext import _
 
 
 def _use_hidden(config) -> bool:

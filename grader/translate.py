@@ -16,8 +16,8 @@ import json
 import tomllib
 from pathlib import Path
 
-from grader.i18n import _
 from grader.manifest import REPO, load_manifest, solutions_dir
+from labtext import _
 
 LANGUAGES = ("zh_CN",)
 

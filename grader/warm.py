@@ -32,7 +32,6 @@ from pathlib import Path
 
 from grader import settings
 from grader.base.printed import ReaderGone
-from grader.i18n import _
 from grader.report.paths import umask
 from grader.sandbox.fence import (
     Fence,
@@ -40,6 +39,7 @@ from grader.sandbox.fence import (
 from grader.sandbox.forkserver import probe_fence, serve, stop
 from grader.sandbox.preload import huge_pages, preload, pyplot, the_rest
 from grader.sandbox.warm import connect_warm, peer_uid, warm_key
+from labtext import _
 
 
 def serve_warm(

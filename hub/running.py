@@ -208,8 +208,8 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def _compiled_catalogues() -> list[str]:
-    """The messages' compiled catalogues (grader/locale/), which the image compiles itself."""
-    return [str(p.relative_to(REPO)) for p in (REPO / "grader" / "locale").rglob("*.mo")]
+    """The messages' compiled catalogues (labtext/locale/), which the image compiles itself."""
+    return [str(p.relative_to(REPO)) for p in (REPO / "labtext" / "locale").rglob("*.mo")]
 
 
 def _runs_as_nobody(python: str) -> bool:

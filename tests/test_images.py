@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from grader.bench import make_class
-from grader.i18n import LANGUAGES
 from grader.judge.registry import assignment_points
 from grader.manifest import REPO, load_manifest
+from labtext import LANGUAGES
 from tests.conftest import python
 from tests.test_docker import COMPOSE, image_files
 from tests.test_lab import free_port, get
@@ -113,7 +113,7 @@ def test_the_lab_image_holds_what_the_dockerfile_promises_and_no_private_part(im
     held = {p.removeprefix(WORK + "/") for p in proc.stdout.split()}
     assert held, proc.stderr
     assert not [f for f in held if f.startswith(PRIVATE)]
-    compiled = {f"grader/locale/{lang}/LC_MESSAGES/lab.mo" for lang in LANGUAGES[1:]}
+    compiled = {f"labtext/locale/{lang}/LC_MESSAGES/lab.mo" for lang in LANGUAGES[1:]}
     assert held == image_files("lab", workdir_only=True) | compiled  # as the Dockerfile says
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from grader import i18n
+import labtext
 from grader.cli import about
 from grader.manifest import REPO, load_manifest
 from grader.report.feedback import check_docs, item
@@ -29,7 +29,7 @@ ENGLISH_HINT = "\n      hint: "
 
 
 def chinese(message: str) -> str:
-    return i18n.translate("zh_CN", message)
+    return labtext.translate("zh_CN", message)
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -87,7 +87,7 @@ def test_a_note_about_an_exercises_cell_is_recognised_in_both_languages():
         "cell was loaded",
         "cell that defines `allreduce`, line 2: raised ValueError (loading went on)",
     ]
-    with i18n.speaking("zh_CN"):
+    with labtext.speaking("zh_CN"):
         from grader.load.notebook import said_cell
 
         notes += [
@@ -156,8 +156,8 @@ def test_a_group_that_never_formed_is_known_in_either_language():
     from grader.ranks.side_by_side import not_formed
 
     for language in ("en", "zh_CN"):
-        with i18n.speaking(language):
-            text = i18n._("rank {rank} raised {kind}: {message}")
+        with labtext.speaking(language):
+            text = labtext._("rank {rank} raised {kind}: {message}")
             failed = RankFailed(text, 0, ["", ""], raised=GroupNotFormed.__name__)
             assert not_formed(failed)
             assert not not_formed(RankFailed(text, 0, ["", ""], raised="ValueError"))
@@ -170,14 +170,14 @@ def test_one_deadlock_is_shown_once_in_either_language():
     from grader.report.results import render_exercise
 
     for language, seconds in (("en", ("0.8 s", "0.9 s")), ("zh_CN", ("0.8秒", "0.9秒"))):
-        with i18n.speaking(language):
+        with labtext.speaking(language):
             checks = [
                 CheckResult(name, False, 0.0, 1.0, f"rank 0 idle {s}: waiting in send", "hint")
                 for name, s in zip(("first", "second"), seconds, strict=True)
             ]
             text = render_exercise(exercise_result("ring_allreduce", checks))
             assert text.count("waiting in send") == 1, text
-            assert i18n._("the same as {check} above").format(check="`first`") in text
+            assert labtext._("the same as {check} above").format(check="`first`") in text
 
 
 def test_a_check_cell_run_by_nbgrader_speaks_its_notebooks_language(tmp_path, monkeypatch, capsys):
@@ -209,9 +209,9 @@ def test_the_stand_in_note_is_said_once_in_the_language_of_whoever_runs_it(capsy
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(dplab.devices, "_told", set())
     monkeypatch.setattr(dplab.devices, "num_gpus", lambda: 0)
-    with i18n.speaking("zh_CN"):
+    with labtext.speaking("zh_CN"):
         try_gpu(1)
-    with i18n.speaking("en"):
+    with labtext.speaking("en"):
         try_gpu(1)
     printed = capsys.readouterr().out
     assert printed.count("dplab") == 1 and "this machine has no GPU" in printed

@@ -1,6 +1,8 @@
-"""The grader's layers: every import of `grader/` and `dplab/` goes down the layers or stays in
-its own, and no modules import each other in a circle. The graph is read from the source with
-`ast`, imports inside functions included (they still tie the modules together)."""
+"""The lab's layers: every import of `labtext/`, `dplab/` and `grader/` goes down the layers or
+stays in its own, and no modules import each other in a circle. The graph is read from the
+source with `ast`, imports inside functions included (they still tie the modules together),
+and so is what Python runs for an import besides the module: the `__init__` of each package
+above it (`import grader.load.notebook` runs `grader/__init__.py` first)."""
 
 import ast
 from pathlib import Path
@@ -8,49 +10,82 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("labtext", "dplab", "grader")
 
-# From the bottom. A module belongs to the first layer one of whose names is itself or one of
-# its packages; `grader` itself (the notebook's `check`) and the modules of no layer are front
-# ends, at the top.
+# From the bottom. Each module is named by exactly one entry: its own name, or `package.*`,
+# which names a package and every module under it.
 LAYERS = {
-    # grader.i18n looks up the messages of both dplab and the grader: it imports nothing of
-    # either (nor torch) but grader.settings, which imports nothing itself, so that a command
-    # that imports it is not slowed before the warm server answers.
-    "runtime": ("dplab", "grader.i18n", "grader.settings"),
+    # The lab's texts and their lookup: nothing of the lab (nor torch), so that both the
+    # runtime and the grader can import it, and a command reaches the warm server first.
+    "texts": ("labtext.*",),
+    # The lab's library, the book's d2l for this lab: it knows nothing of the grader.
+    "runtime": ("dplab.*",),
+    # What checks are written with.
     "vocabulary": (
-        "grader.i18n",
-        "grader.manifest",
         "grader.settings",
+        "grader.manifest",
         "grader.devices",
         "grader.limits",
         "grader.watch",
-        "grader.base",
+        "grader.base.*",
         "grader.fixtures",
-        "grader.ranks",
+        "grader.ranks.*",
         "grader.api",
     ),
-    "exercises": ("grader.checks", "grader.hidden", "grader.mistakes"),
-    "load": ("grader.load",),
-    "sandbox": ("grader.sandbox",),
-    "judge": ("grader.judge",),
-    "report": ("grader.report",),
-    "front ends": ("grader",),
+    "exercises": ("grader.checks.*", "grader.hidden.*", "grader.mistakes.*"),
+    "load": ("grader.load.*",),
+    "sandbox": ("grader.sandbox.*",),
+    "judge": ("grader.judge.*",),
+    "report": ("grader.report.*",),
+    # The authors' tools, which the command line offers: the mistake catalogue's table, the
+    # translations' catalogues and notebooks.
+    "authoring": ("grader.authoring", "grader.messages", "grader.translate"),
+    # Ways in: the notebook's `check` (the package itself), the command line, a class, the
+    # kernel, Gradescope, merge, the warm server and the pytest plugin; and the grading
+    # pipeline they share.
+    "front ends": (
+        "grader",
+        "grader.__main__",
+        "grader.cli",
+        "grader.grading",
+        "grader.grade_class",
+        "grader.gradescope",
+        "grader.merge",
+        "grader.in_kernel",
+        "grader.warm",
+        "grader.test_submission",
+    ),
+    # The maintainers' measures (make bench-*, make gpu-check), which drive the front ends.
+    "benchmarks": (
+        "grader.bench",
+        "grader.bench_distributed",
+        "grader.bench_notebooks",
+        "grader.gpu_check",
+        "grader.gpu_figures",
+    ),
 }
 ORDER = list(LAYERS)
 
 
 def modules() -> dict[str, Path]:
-    """Return every module of grader/ and dplab/ by its dotted name."""
+    """Return every module of the lab's packages by its dotted name."""
     found = {}
-    for package in ("grader", "dplab"):
+    for package in PACKAGES:
         for path in (REPO / package).rglob("*.py"):
             parts = path.relative_to(REPO).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
+def ancestors(name: str) -> list[str]:
+    """The packages above a module, from the top: grader, grader.load for grader.load.x."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """Return the modules of `known` that the module `name` imports."""
+    """Return the modules of `known` that importing the module `name` runs: those it imports,
+    and the packages above each of them (but its own, which ran before it)."""
 
     def owner(dotted: str) -> str | None:
         while dotted and dotted not in known:
@@ -70,17 +105,26 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 full = f"{base}.{alias.name}"
                 found.add(full if full in known else owner(base))
-    return found - {None, name}
+    found.discard(None)
+    own = set(ancestors(name)) | {name}
+    return (found | {a for m in found for a in ancestors(m) if a in known}) - own
+
+
+def entries(name: str) -> list[tuple[str, str]]:
+    """The (layer, entry) pairs of LAYERS that name the module `name`."""
+    return [
+        (layer_name, entry)
+        for layer_name, named in LAYERS.items()
+        for entry in named
+        if name == entry.removesuffix(".*")
+        or (entry.endswith(".*") and name.startswith(entry.removesuffix("*")))
+    ]
 
 
 def layer(name: str) -> str:
     """Return the layer of a module (see LAYERS)."""
-    for layer_name, prefixes in LAYERS.items():
-        if layer_name != "front ends" and any(
-            name == p or name.startswith(p + ".") for p in prefixes
-        ):
-            return layer_name
-    return "front ends"
+    (found, _entry), *_ = entries(name)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +135,28 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_is_read_from_the_code(graph):
     """The reader finds the imports it must: a check imports the vocabulary, the grading
-    child the loader, the command line the pipeline (so an empty graph cannot pass)."""
+    child the loader, the command line the pipeline, and a module of a package the packages
+    above what it imports (so an empty graph cannot pass)."""
     assert "grader.api" in graph["grader.checks.allreduce"]
     assert "grader.load.notebook" in graph["grader.sandbox.child"]
     assert "grader.grading" in graph["grader.cli"]
+    assert "grader.load" in graph["grader.sandbox.child"]  # above grader.load.notebook
+    assert "grader.sandbox" not in graph["grader.sandbox.child"]  # its own package ran first
     assert layer("dplab.distributed") == "runtime"
     assert layer("grader.ranks.pools") == "vocabulary"
-    assert layer("grader.warm") == layer("grader") == "front ends"
+    assert layer("grader") == "front ends" and layer("grader.bench") == "benchmarks"
+
+
+def test_every_module_is_named_in_exactly_one_layer():
+    """No catch-all: a new module must be given its layer, and no module sits in two."""
+    named = {name: entries(name) for name in modules()}
+    unnamed = sorted(name for name, found in named.items() if not found)
+    twice = sorted(f"{name}: {found}" for name, found in named.items() if len(found) > 1)
+    assert not unnamed, "modules in no layer of LAYERS: " + ", ".join(unnamed)
+    assert not twice, "modules in two places of LAYERS:\n" + "\n".join(twice)
+    used = {entry for found in named.values() for _layer, entry in found}
+    stale = [entry for names in LAYERS.values() for entry in names if entry not in used]
+    assert not stale, f"entries of LAYERS that name no module: {stale}"
 
 
 def test_no_import_goes_up_a_layer(graph):
@@ -110,18 +169,19 @@ def test_no_import_goes_up_a_layer(graph):
     assert not upward, "imports that go up the layers:\n" + "\n".join(upward)
 
 
-def test_the_runtime_takes_of_the_grader_its_messages_alone(graph):
-    """grader.settings sits in the runtime layer for grader.i18n's sake (a leaf: os and
-    dataclasses); dplab still reaches the grader through grader.i18n alone, and no further."""
-    reached = {
-        other
+def test_the_runtime_and_the_texts_import_nothing_of_the_grader(graph):
+    """dplab is the students' library, and labtext the texts of both: neither imports the
+    grader, so that neither drags the grader's package in (its `check`, the sandbox)."""
+    wrong = sorted(
+        f"{name} imports {other}"
         for name, found in graph.items()
-        if name.split(".")[0] == "dplab"
+        if name.split(".")[0] in ("dplab", "labtext")
         for other in found
         if other.split(".")[0] == "grader"
-    }
-    assert reached == {"grader.i18n"}, reached
-    assert graph["grader.settings"] == set()
+    )
+    assert not wrong, "\n".join(wrong)
+    assert {"labtext"} <= graph["dplab.training"]  # what it may import, it is seen to
+    assert graph["labtext.settings"] == set()
 
 
 def test_no_modules_import_each_other_in_a_circle(graph):
@@ -144,15 +204,14 @@ def test_no_modules_import_each_other_in_a_circle(graph):
 
 
 def test_checks_modules_use_the_grader_through_its_api_alone(graph):
-    """A check author's vocabulary is `grader.api` (and the exercise's own public checks)."""
+    """A check author's vocabulary is `grader.api` (and the exercises' own modules: public
+    checks, hidden checks, catalogued mistakes)."""
     wrong = [
         f"{name} imports {other}"
         for name, found in sorted(graph.items())
-        if layer(name) == "exercises" and not name.startswith("grader.mistakes")
+        if layer(name) == "exercises"
         for other in sorted(found)
-        if other.startswith("grader.")
-        and other != "grader.api"
-        and not other.startswith("grader.checks.")
+        if other.startswith("grader.") and other != "grader.api" and layer(other) != "exercises"
     ]
     assert not wrong, "\n".join(wrong)
 
@@ -187,7 +246,7 @@ def test_the_api_lists_every_name_a_checks_module_uses():
 def test_a_command_reaches_the_warm_server_before_it_imports_torch():
     """`python -m grader check` imports what connects to the warm server first, and runs there
     if one answers (0.3 s): torch (1.5 s and more) must not come in with it, through a
-    message looked up in grader.i18n or anything else."""
+    message looked up in labtext or anything else."""
     import subprocess
     import sys
 

@@ -8,7 +8,8 @@ import tomllib
 
 import pytest
 
-from grader import i18n, messages
+import labtext
+from grader import messages
 from grader.manifest import REPO
 
 LANGUAGE = "zh_CN"
@@ -17,7 +18,7 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 
 @pytest.fixture(scope="module")
 def catalogue():
-    return i18n.read_sources(LANGUAGE)
+    return labtext.read_sources(LANGUAGE)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_each_message_is_translated_in_one_place():
     from babel.messages.pofile import read_po
 
     where: dict[str, list[str]] = {}
-    for path in i18n.sources(LANGUAGE):
+    for path in labtext.sources(LANGUAGE):
         with path.open("rb") as f:
             for entry in read_po(f):
                 if entry.id:
@@ -94,7 +95,7 @@ def looked_up(tree: ast.AST) -> list[ast.Call]:
 
 @pytest.mark.parametrize(
     "path",
-    sorted(set((REPO / "grader").rglob("*.py")) - {REPO / "grader" / "i18n.py"}),
+    sorted((REPO / "grader").rglob("*.py")),
     ids=lambda p: str(p.relative_to(REPO)),
 )
 def test_no_message_is_built_before_it_is_looked_up(path):
@@ -126,58 +127,58 @@ def test_a_message_is_looked_up_in_the_language_spoken(monkeypatch):
     notebook's own language first."""
     for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
         monkeypatch.delenv(name, raising=False)
-    entry = next(e for e in i18n.read_sources(LANGUAGE) if e.id and e.string)
+    entry = next(e for e in labtext.read_sources(LANGUAGE) if e.id and e.string)
     text, chinese = entry.id, entry.string
-    assert i18n._(text) == text
-    with i18n.speaking("zh_CN"):
-        assert i18n._(text) == chinese
+    assert labtext._(text) == text
+    with labtext.speaking("zh_CN"):
+        assert labtext._(text) == chinese
     monkeypatch.setenv("LAB_LANG", "zh_CN")
-    assert i18n._(text) == chinese
-    with i18n.speaking("en"):
-        assert i18n._(text) == text
+    assert labtext._(text) == chinese
+    with labtext.speaking("en"):
+        assert labtext._(text) == text
     monkeypatch.setenv("LAB_LANG", "")
     monkeypatch.setenv("LANG", "zh_CN.UTF-8")
-    assert i18n.default_language() == "zh_CN"
+    assert labtext.default_language() == "zh_CN"
     monkeypatch.setenv("LC_ALL", "C")
-    assert i18n.default_language() == "en"
-    assert i18n.notebook_language({"metadata": {"lab": {"language": "zh_CN"}}}) == "zh_CN"
-    assert i18n.notebook_language({"metadata": {}}) is None
+    assert labtext.default_language() == "en"
+    assert labtext.notebook_language({"metadata": {"lab": {"language": "zh_CN"}}}) == "zh_CN"
+    assert labtext.notebook_language({"metadata": {}}) is None
 
 
 def test_an_unknown_language_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="en, zh_CN"):
-        i18n.choose("fr")
+        labtext.choose("fr")
 
 
 def test_the_compiled_catalogue_says_what_its_sources_say(tmp_path, monkeypatch):
     """`make` compiles the `.po` files into the `.mo` file that gettext reads."""
-    monkeypatch.setattr(i18n, "LOCALE", tmp_path)
-    i18n.compile_catalogues()
+    monkeypatch.setattr(labtext, "LOCALE", tmp_path)
+    labtext.compile_catalogues()
     try:
-        compiled = i18n.catalogue(LANGUAGE)
-        for entry in i18n.read_sources(LANGUAGE):
+        compiled = labtext.catalogue(LANGUAGE)
+        for entry in labtext.read_sources(LANGUAGE):
             if entry.id:
                 assert compiled.gettext(entry.id) == entry.string
     finally:
-        i18n.catalogue.cache_clear()
+        labtext.catalogue.cache_clear()
 
 
 def test_the_po_files_read_without_babel_give_babels_translations(monkeypatch, tmp_path):
     """A checkout used without `make`, or a GPU server's own PyTorch without Babel: the
     translations come from the `.po` files as they are, the same as the compiled ones."""
-    from grader import i18n
+    import labtext
 
-    for language in i18n.LANGUAGES[1:]:
-        babels = {m.id: m.string for m in i18n.read_sources(language) if m.id and m.string}
+    for language in labtext.LANGUAGES[1:]:
+        babels = {m.id: m.string for m in labtext.read_sources(language) if m.id and m.string}
         ours = {}
-        for path in i18n.sources(language):
-            ours.update({k: v for k, v in i18n.po_messages(path).items() if v})
+        for path in labtext.sources(language):
+            ours.update({k: v for k, v in labtext.po_messages(path).items() if v})
         assert ours == babels
     monkeypatch.setitem(sys.modules, "babel", None)  # import babel now fails
-    monkeypatch.setattr(i18n, "compiled", lambda language: tmp_path / "never-compiled.mo")
-    i18n.catalogue.cache_clear()
+    monkeypatch.setattr(labtext, "compiled", lambda language: tmp_path / "never-compiled.mo")
+    labtext.catalogue.cache_clear()
     try:
         message = next(iter(babels))
-        assert i18n.translate(i18n.LANGUAGES[1], message) == babels[message] != message
+        assert labtext.translate(labtext.LANGUAGES[1], message) == babels[message] != message
     finally:
-        i18n.catalogue.cache_clear()
+        labtext.catalogue.cache_clear()

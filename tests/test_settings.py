@@ -1,5 +1,6 @@
 """Every variable the lab reads from the environment is declared in one module per package
-(dplab/settings.py, grader/settings.py), read nowhere else, and listed in docs/settings.md.
+(dplab/settings.py, grader/settings.py, and labtext/settings.py for the language), read
+nowhere else, and listed in docs/settings.md.
 
 The rule, on all the Python the project ships: every `*.py` file and every Python script (a
 `#!...python` first line) of the checkout, but for tests/ and conftest.py (the tests' own set-up)
@@ -12,7 +13,7 @@ It is read with `ast`, whatever the variable's name:
   `from os import environ, getenv`, `__import__("os")`, or a name bound to any of these
   (`env = os.environ.get`). A write is `os.environ[k] = v`, `del os.environ[k]`, `.update`,
   `.clear`, and a `.pop` whose value goes unused.
-- Outside the two settings modules every read is an error, but for three kinds, each narrow:
+- Outside the settings modules every read is an error, but for three kinds, each narrow:
   - a copy of the whole environment (`dict(os.environ, ...)`, `{**os.environ}`,
     `os.environ.items()`, `os.environ.copy()`): it names no variable, and is handed on whole;
   - a `setdefault` whose value goes unused: it only writes a default, for whoever reads next;
@@ -28,11 +29,16 @@ from pathlib import Path
 
 import dplab.settings
 import grader.settings
+import labtext.settings
 
 REPO = Path(__file__).resolve().parent.parent
-SETTINGS = (*dplab.settings.ALL, *grader.settings.ALL)
-SETTINGS_MODULES = {"dplab.settings": dplab.settings, "grader.settings": grader.settings}
-SETTINGS_FILES = {"dplab/settings.py", "grader/settings.py"}
+SETTINGS = (*dplab.settings.ALL, *grader.settings.ALL, *labtext.settings.ALL)
+SETTINGS_MODULES = {
+    "dplab.settings": dplab.settings,
+    "grader.settings": grader.settings,
+    "labtext.settings": labtext.settings,
+}
+SETTINGS_FILES = {"dplab/settings.py", "grader/settings.py", "labtext/settings.py"}
 NOT_SHIPPED = {"conftest.py"}  # the tests' own set-up, as tests/ is
 NOT_THE_PROJECTS = {"tests", "node_modules", "__pycache__", "build", "work", "class", "results"}
 
@@ -384,8 +390,9 @@ def test_nothing_reads_the_environment_outside_the_settings_modules():
     assert {"grader/warm.py", "hub/jupyterhub_config.py", "docker/lab-health"} <= reached
     wrong = errors(reads)
     assert not wrong, (
-        "read the environment through dplab.settings or grader.settings (declare the variable "
-        "there and in docs/settings.md), or allow it in tests/test_settings.py, saying why:\n"
+        "read the environment through dplab.settings, grader.settings or labtext.settings "
+        "(declare the variable there and in docs/settings.md), or allow it in "
+        "tests/test_settings.py, saying why:\n"
         + "\n".join(wrong)
     )
 
@@ -404,7 +411,7 @@ def test_the_settings_modules_declare_every_variable_once():
     names = [s.name for s in SETTINGS]
     assert len(names) >= 20 and len(set(names)) == len(names), names
     assert all(s.help for s in SETTINGS)
-    assert {"LAB_LANG", "JPY_SESSION_NAME"} <= {s.name for s in grader.settings.ALL}
+    assert {"LAB_LANG", "JPY_SESSION_NAME"} <= {s.name for s in labtext.settings.ALL}
 
 
 def test_docs_list_every_setting_with_its_default_and_what_it_does():

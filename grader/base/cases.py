@@ -10,7 +10,7 @@ from unittest import mock
 import torch
 
 from grader.base.outcomes import MissingFunction, Raised
-from grader.i18n import N_, _
+from labtext import N_, _
 
 
 @dataclass

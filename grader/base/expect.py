@@ -9,7 +9,7 @@ from torch import Tensor
 
 from grader.base.outcomes import Fail
 from grader.base.values import SeenTensor
-from grader.i18n import _
+from labtext import _
 
 
 def _brief(values: Any) -> str:

@@ -51,13 +51,14 @@ class Stub(NotImplementedError):
 @functools.cache
 def _library_folders() -> tuple[str, ...]:
     """Return the folders of code that is not the student's: Python's own, the installed
-    packages, and the lab's `grader` and `dplab`."""
+    packages, and the lab's `grader`, `dplab` and `labtext`."""
     import sysconfig
     from pathlib import Path
 
     paths = sysconfig.get_paths()
     lab = Path(__file__).resolve().parents[2]
-    folders = [paths["stdlib"], paths["purelib"], paths["platlib"], lab / "grader", lab / "dplab"]
+    folders = [paths["stdlib"], paths["purelib"], paths["platlib"]]
+    folders += [lab / "grader", lab / "dplab", lab / "labtext"]
     return tuple(f"{Path(f).resolve()}/" for f in folders)
 
 

@@ -5,9 +5,9 @@ import importlib
 from types import ModuleType
 
 from grader.api import Check, ErrorHints, Raised
-from grader.i18n import _
 from grader.load.notebook import cells_by_grade_id
 from grader.manifest import Exercise, exercises_dir
+from labtext import _
 
 
 class HiddenChecksUnavailable(RuntimeError):

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from grader.i18n import N_
+from labtext import N_
 
 # A check's message, shown as `_(NOT_RUN)` (grader.report.results knows it in every language)
 NOT_RUN = N_("not run: its notebook cannot be checked (see the note above)")

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from grader.api import Check, Context, Crash, Fail, Raised, Unobserved, raised_in
 from grader.base.values import unpack
 from grader.devices import grading_devices
-from grader.i18n import N_, _
 from grader.judge.registry import diagnoser
 from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference
@@ -15,6 +14,7 @@ from grader.load.submission import Submission
 from grader.manifest import Exercise
 from grader.sandbox.collected import Collected
 from grader.sandbox.supervisor import DEVICES
+from labtext import N_, _
 
 Diagnose = Callable[[Raised], str | None]
 _HAN = re.compile(r"[\u4e00-\u9fff]+")  # Chinese characters

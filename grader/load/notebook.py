@@ -46,8 +46,8 @@ from dplab.notebook import (
     strip_magics as strip_magics,
 )
 from grader.base.printed import captured
-from grader.i18n import N_, _
 from grader.limits import TimeLimit, time_limit
+from labtext import N_, _
 
 # What a notebook imports only to draw: where not yet imported, it loads when first used
 # (importlib's LazyLoader). matplotlib.pyplot takes 0.2 to 0.5 s to import, and neither

@@ -16,9 +16,9 @@ import threading
 from functools import cache
 from pathlib import Path
 
-from grader.i18n import _
 from grader.load.notebook import cells_by_grade_id, load_cells, read_cells
 from grader.manifest import load_manifest, solutions_dir
+from labtext import _
 
 _lock = threading.Lock()
 REFERENCE_CELL = "reference cell"  # not "code cell": reports never quote the reference's lines

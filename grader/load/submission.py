@@ -4,11 +4,11 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import labtext
 from dplab.notebook import read_code_cells
-from grader import i18n
-from grader.i18n import _
 from grader.load.notebook import NotebookError, read_cells, strip_magics
 from grader.manifest import Exercise, Manifest
+from labtext import _
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Submission:
     notebooks: dict[str, Path]
     exercises: list[Exercise]
     notes: list[str] = field(default_factory=list)
-    language: str = "en"  # what is said about it is said in this language (see grader.i18n)
+    language: str = "en"  # what is said about it is said in this language (see labtext)
 
 
 def submission_language(path: Path, assignment: str) -> str:
@@ -34,12 +34,12 @@ def submission_language(path: Path, assignment: str) -> str:
         try:
             import json
 
-            language = i18n.notebook_language(json.loads(candidate.read_bytes()))
+            language = labtext.notebook_language(json.loads(candidate.read_bytes()))
         except (OSError, ValueError, AttributeError):
             continue
         if language:
             return language
-    return i18n.default_language()
+    return labtext.default_language()
 
 
 def defined_functions(path: Path) -> set[str]:
@@ -93,7 +93,7 @@ def find_submission(path: str | Path, manifest: Manifest) -> Submission:
         )
     language = submission_language(path, manifest.assignment)
     sub = Submission(submission_id(path, manifest), path, {}, [], language=language)
-    with i18n.speaking(language):
+    with labtext.speaking(language):
         return _found(sub, path, manifest)
 
 

@@ -11,8 +11,7 @@ mistakes` prints the catalogue.
 
 import importlib
 from dataclasses import dataclass, field
-
-from grader.manifest import Exercise
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,13 @@ def variant(template: str, right: dict[str, str], **changes: str) -> str:
     return source
 
 
-def mistakes_of(exercise: Exercise) -> dict[str, Mistake]:
+class Catalogued(Protocol):
+    """An exercise of the manifest, as far as its mistakes go."""
+
+    mistakes: str  # the module of its catalogue
+
+
+def mistakes_of(exercise: Catalogued) -> dict[str, Mistake]:
     """Return the exercise's catalogued mistakes by name."""
     module = importlib.import_module(exercise.mistakes)
     return {name: m for name, m in vars(module).items() if isinstance(m, Mistake)}

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from grader.i18n import _
+from labtext import _
 
 
 def autograd_threads_started() -> bool:

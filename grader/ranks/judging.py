@@ -3,7 +3,7 @@
 from typing import NamedTuple
 
 from grader.base.outcomes import Crash, Fail, Raised, raised_in
-from grader.i18n import N_, _
+from labtext import N_, _
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
 # What gloo says, as it aborts the process, when ranks make different collective calls at the

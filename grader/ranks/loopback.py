@@ -1,6 +1,6 @@
 """Whether the ranks of a process group can reach each other here (no torch imported)."""
 
-from grader.i18n import N_
+from labtext import N_
 
 NO_LOOPBACK = N_(
     "the sandbox cannot bring up the loopback of its network namespace, so the ranks of a "

@@ -10,9 +10,9 @@ import torch
 
 from dplab.launched import Launched, LaunchError
 from grader.base.cases import Student
-from grader.i18n import _
 from grader.ranks.rankpool import RankPool
 from grader.watch import Snapshot, watched_objects
+from labtext import _
 
 
 class _Open(NamedTuple):

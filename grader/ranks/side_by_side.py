@@ -9,7 +9,7 @@ from pathlib import Path
 from dplab.distributed import check_arguments, launch_folder, pause, read_results, start_group
 from dplab.launched import GroupNotFormed, Launched, LaunchError, RankFailed
 from dplab.watch import Group, watch_group
-from grader.i18n import _
+from labtext import _
 
 
 class GroupStopped(LaunchError):

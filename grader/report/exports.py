@@ -7,11 +7,11 @@ import json
 import unicodedata
 from pathlib import Path
 
-from grader.i18n import _, speaking
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest
 from grader.report.results import write_atomically
+from labtext import _, speaking
 
 
 def gradebook_csv(results: list[SubmissionResult], manifest: Manifest) -> str:

@@ -10,9 +10,9 @@ import re
 from functools import cache
 from pathlib import Path
 
-from grader.i18n import _, speaking
 from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
 from grader.report.results import SECONDS, error_alone, not_run, write_atomically
+from labtext import _, speaking
 
 # What Markdown would act on in a line of text, escaped only where it would: a backslash
 # before punctuation, a backtick left over, `*`/`_`/`~` that could open emphasis or

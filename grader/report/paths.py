@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from grader.i18n import _
+from labtext import _
 
 STDOUT = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
 STDERR = frozenset({"/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"})

@@ -6,9 +6,9 @@ from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
-from grader.i18n import LANGUAGES, _, translate
 from grader.judge.results import NOT_RUN, ExerciseResult, SubmissionResult
 from grader.report.paths import readable_report, write_report
+from labtext import LANGUAGES, _, translate
 
 
 def write_atomically(path: Path, text: str) -> None:

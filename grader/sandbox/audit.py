@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from grader.i18n import N_, _
+from labtext import N_, _
 
 # ---- inside the child ----------------------------------------------------------------------
 

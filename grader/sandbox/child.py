@@ -26,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-from grader import i18n
+import labtext
 from grader.api import Case, Context, Student
-from grader.i18n import _
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks
@@ -36,6 +35,7 @@ from grader.sandbox.audit import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
 from grader.watch import Snapshot, watched_objects
+from labtext import _
 
 
 def public_modules() -> set[str]:
@@ -112,10 +112,10 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     under the same language (grader.grading), and passes through `_()` what is English."""
     request = torch.load(request_path, weights_only=True)
     os.remove(request_path)
-    language = i18n.known(str(request.get("language") or "")) or "en"
+    language = labtext.known(str(request.get("language") or "")) or "en"
     if language != "en":
-        i18n.catalogue(language)  # read now: the audit hook fences files later
-    with i18n.speaking(language):
+        labtext.catalogue(language)  # read now: the audit hook fences files later
+    with labtext.speaking(language):
         serve(request, report_fd, reply_fd)
 
 
@@ -130,7 +130,7 @@ def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
     from grader.devices import grading_devices
 
     # Notes for whoever runs the command (the stand-in devices') are in the command's language.
-    i18n.choose(i18n.known(str(request.get("terminal") or "")))
+    labtext.choose(labtext.known(str(request.get("terminal") or "")))
     ctx = Context(seed=int(request["seed"]), devices=grading_devices(int(request["devices"])))
     plans = {
         ex: [(name, resolve_case(origin), args) for name, origin, args in cases]

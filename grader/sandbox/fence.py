@@ -53,9 +53,9 @@ from functools import cache
 from pathlib import Path
 
 from grader import settings
-from grader.i18n import N_, _
 from grader.manifest import REPO, load_manifest, solutions_dir
 from grader.ranks.loopback import NO_LOOPBACK
+from labtext import N_, _
 
 
 def private_paths() -> list[Path]:

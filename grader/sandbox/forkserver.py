@@ -50,7 +50,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from grader.i18n import _
 from grader.sandbox.fence import (
     CHILD_UIDS,
     Fence,
@@ -62,6 +61,7 @@ from grader.sandbox.fence import (
 )
 from grader.sandbox.preload import preload, server_environment, the_rest
 from grader.sandbox.warm import connect_warm
+from labtext import _
 
 _STATUS = struct.Struct(">i")
 

@@ -22,7 +22,7 @@ import struct
 
 import torch
 
-from grader.i18n import _
+from labtext import _
 
 MAX_FRAME = 512 * 2**20
 JSON_FRAME = b"J"  # a frame written by torch.save starts with the zip signature, b"PK"

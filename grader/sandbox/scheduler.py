@@ -96,7 +96,7 @@ def side_by_side_while_idle(
     None). Yield each call's future as it finishes, with how many are still running. Closing
     the iterator (Ctrl-C) starts no more and does not wait for those running: the caller
     stops their children. Each call runs in a copy of the caller's context, so it speaks the
-    caller's language (grader.i18n.speaking)."""
+    caller's language (labtext.speaking)."""
     at_least = least if callable(least) else lambda: least
     most = max(1, at_least(), most)
     spare = spare_cores()

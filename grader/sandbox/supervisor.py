@@ -33,7 +33,6 @@ import torch
 
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
-from grader.i18n import _, current, default_language
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
@@ -61,6 +60,7 @@ from grader.sandbox.watching import (
     log_tail,
     over_a_limit,
 )
+from labtext import _, current, default_language
 
 DEVICES = 2  # the exercises train on two devices, like the book
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.i18n import _
 from grader.load.reference import available, held_sources
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
@@ -22,6 +21,7 @@ from grader.sandbox.collected import (
     Where,
 )
 from grader.sandbox.frames import send_reply
+from labtext import _
 
 LOG_LINES = 12  # of a crashed child's log, kept in the reason
 PROCESSOR_TIME = "processor time"  # the limit that stopped a child (see `over_a_limit`)

@@ -1,5 +1,5 @@
-"""The lab's messages in the reader's language, through gettext: the grader's, and those the
-lab's own library (dplab) prints.
+"""The lab's texts: its messages in the reader's language, through gettext, for the grader and
+for the lab's own library (dplab) alike. It imports neither of them, and both import it.
 
 Every message a student or an instructor reads is written in English in the code and looked up
 here: `_("...")` where it is made, `N_("...")` where a constant is defined (looked up where it
@@ -8,7 +8,7 @@ Messages with values use named fields, filled after the lookup: `_("got {got}").
 never an f-string, so that the text looked up is the same whatever the values.
 
 The translations are `i18n/<language>/messages/*.po` (one file per part of the lab); `make`
-compiles them into `grader/locale/<language>/LC_MESSAGES/lab.mo`. The language:
+compiles them into `labtext/locale/<language>/LC_MESSAGES/lab.mo`. The language:
 
 - a notebook's own (`metadata.lab.language`, which the translated notebooks carry) for what is
   said about that notebook, and in the kernel that runs it;
@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
-from grader import settings
+from labtext import settings
 
 DOMAIN = "lab"
 LANGUAGES = ("en", "zh_CN")  # English is the source; the others have catalogues
 PACKAGE = Path(__file__).resolve().parent
 LOCALE = PACKAGE / "locale"  # the compiled catalogues
 SOURCES = PACKAGE.parent / "i18n"  # i18n/<language>/messages/*.po, in a checkout
-PACKAGES = ("dplab", "grader")  # the code whose messages the catalogues hold
+PACKAGES = ("dplab", "grader", "labtext")  # the code whose messages the catalogues hold
 
 _chosen: str | None = None  # --lang, for the whole run
 _speaking: ContextVar[str | None] = ContextVar("lab_language", default=None)
