@@ -130,10 +130,10 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
 bench-grade: $(DEV_READY)
-	$(BIN)/python -m grader.bench --students 20 --jobs 2
+	$(BIN)/python -m grader.benchmarks.grade --students 20 --jobs 2
 
 bench-notebooks: $(DEV_READY)
-	$(BIN)/python -m grader.bench_notebooks
+	$(BIN)/python -m grader.benchmarks.notebooks
 
 # A class's hub: login to a usable lab, and the memory of idle labs (STUDENTS=8 of them).
 STUDENTS ?= 8
@@ -147,7 +147,7 @@ bench-shards: $(DEV_READY) $(CATALOGUES)
 
 # All-reduce bus bandwidth of the ring, per-parameter, bucketed and torch's own, 4 KiB to 64 MiB.
 bench-distributed: $(DEV_READY)
-	$(BIN)/python -m grader.bench_distributed
+	$(BIN)/python -m grader.benchmarks.bandwidth
 
 # One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
 # students run (the lab image, `make lab`); hub.txt is a class's JupyterHub (`make hub`, the hub
@@ -171,4 +171,4 @@ images: $(DEV_READY)
 gpu-check:
 	@$(PYTHON) -c 'import sys, torch; n = torch.cuda.device_count(); print(f"gpu-check: {n} CUDA GPU(s), torch {torch.__version__}, Python {sys.version.split()[0]}"); sys.exit(0 if n else "gpu-check: no CUDA GPU here")'
 	MPLBACKEND=Agg DPLAB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(PYTHON) -m grader.gpu_check --json $(GPU_CHECK_JSON) $(GPU_CHECK_ARGS)
+		$(PYTHON) -m grader.benchmarks.gpu_check --json $(GPU_CHECK_JSON) $(GPU_CHECK_ARGS)

@@ -35,7 +35,7 @@ def sources(language: str, scratch: Path) -> list[Path]:
     names = load_manifest().notebooks
     if language == "en":
         return [solutions_dir() / name for name in names]
-    from grader.translate import write_edition
+    from grader.tools.translate import write_edition
 
     written = {p.name: p for p in write_edition(language, scratch)}
     return [written[name] for name in names]

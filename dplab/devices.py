@@ -29,7 +29,7 @@ the lab's devices are stand-ins (or the CPU), so that code which runs on two GPU
 The stand-ins switch on in one place, `use_stand_ins()`, which the lab calls when it first
 hands out a stand-in (from `try_gpu`, `try_all_gpus` or `gpu`) and which prints a line saying
 so. (The grader always checks on two distinct devices, whatever DPLAB_DEVICES says: see
-grader.devices.)
+grader.base.check_devices.)
 """
 
 import torch

@@ -51,7 +51,7 @@ from dplab.launched import (  # noqa: F401  (what a launch gives back, and how i
     launches_skipped,
 )
 from dplab.rank import fork_rank, run_rank
-from dplab.watch import Group, watch_group
+from dplab.rank_watch import Group, watch_group
 from labtext import _
 
 MAX_PROCESSES = 16

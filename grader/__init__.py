@@ -7,7 +7,7 @@ Instructors:    python -m grader grade SUBMISSION... --json results.json
 
 
 def check(exercise_id, function, hidden=False):
-    """Run an exercise's checks on `function` in this kernel; see grader.in_kernel.check."""
-    from grader.in_kernel import check as run
+    """Run an exercise's checks on `function` in this kernel; see grader.front.kernel.check."""
+    from grader.front.kernel import check as run
 
     return run(exercise_id, function, hidden)

@@ -1,4 +1,4 @@
-"""`python -m grader`: see grader.cli."""
+"""`python -m grader`: see grader.front.cli."""
 
 import os
 import sys
@@ -22,13 +22,14 @@ def _standard_streams_open() -> None:
 
 _standard_streams_open()
 
-from grader import settings, warm  # noqa: E402
+from grader import settings  # noqa: E402
+from grader.front import warm_server  # noqa: E402
 from grader.sandbox import forkserver  # noqa: E402
 
 if sys.argv[1:2] in (["check"], ["grade"]) and settings.START.get() != "spawn":
     # The command runs in a session of the warm fork server, which has imported torch and
-    # the checks already (see grader.warm), where one answers.
-    code = warm.run_warm(sys.argv)
+    # the checks already (see grader.front.warm_server), where one answers.
+    code = warm_server.run_warm(sys.argv)
     if code is not None:
         os._exit(code)
     # Else it runs here: the fork server (started if need be) imports torch while this
@@ -36,7 +37,7 @@ if sys.argv[1:2] in (["check"], ["grade"]) and settings.START.get() != "spawn":
     forkserver.start()
 
 from grader.base.printed import ReaderGone  # noqa: E402
-from grader.cli import main  # noqa: E402
+from grader.front.cli import main  # noqa: E402
 
 sys.stdout = ReaderGone(sys.stdout)
 code = main()

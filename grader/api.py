@@ -75,23 +75,7 @@ from grader.base.expect import (
     expect_kept_dtype,
     short,
 )
-from grader.base.outcomes import (
-    Crash,
-    Fail,
-    MissingFunction,
-    Raised,
-    Stub,
-    Unobserved,
-    all_finished,
-    attempt,
-    finished,
-    is_stub,
-    observe,
-    raised_in,
-    returned,
-)
-from grader.base.values import SeenTensor
-from grader.fixtures import (
+from grader.base.fixtures import (
     SGD_SETTINGS,
     FirstBatches,
     RecordedBatches,
@@ -110,6 +94,22 @@ from grader.fixtures import (
     state,
     which_replica,
 )
+from grader.base.outcomes import (
+    Crash,
+    Fail,
+    MissingFunction,
+    Raised,
+    Stub,
+    Unobserved,
+    all_finished,
+    attempt,
+    finished,
+    is_stub,
+    observe,
+    raised_in,
+    returned,
+)
+from grader.base.values import SeenTensor
 from grader.ranks.apart import apart
 from grader.ranks.groups import in_every_size, in_rank
 from grader.ranks.judging import (

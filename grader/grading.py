@@ -6,7 +6,7 @@
     time_against_the_reference
                           grader.judge.timing: cases stopped for time, against the reference
     judge_reported        grader.judge.verdicts: a verdict per check, in this process
-    submission_result     grader.report.results: points, hints and notes
+    submission_result     grader.report.text: points, hints and notes
 
 Student code runs only in the children; this process sends them the cases and their inputs,
 reads back plain data, and decides every verdict.

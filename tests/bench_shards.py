@@ -2,7 +2,7 @@
 
     python -m tests.bench_shards [--students 20] [--jobs 2] [--shards 1 2 4]
 
-A class of `--students` (grader.bench.make_class: reference solutions, untouched stubs and
+A class of `--students` (grader.benchmarks.grade.make_class: reference solutions, untouched stubs and
 catalogued mistakes) is graded once by `python -m grader grade CLASS --jobs J --json ...`,
 timed from the command to its end. Then a one-node Slurm cluster starts here
 (tests/slurm_cluster.py: needs root and `apt install slurm-wlm munge`), and for each N
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from tests.slurm_cluster import ENDED, cluster_missing, one_node_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def main() -> None:
     try:
         make_class(root / "submitted", args.students)
         expected = sorted(p.name for p in (root / "submitted").iterdir())
-        subprocess.run(  # untimed: PyTorch's files into the page cache, as grader.bench does
+        subprocess.run(  # untimed: PyTorch's files into the page cache, as grader.benchmarks.grade does
             [sys.executable, "-c", "import torch.distributed.tensor, torch._dynamo, matplotlib"],
             cwd=REPO, capture_output=True,
         )  # fmt: skip

@@ -11,7 +11,7 @@ import torch
 from dplab import sim
 from dplab.devices import remove_cuda_shims
 from grader.api import Context, Student
-from grader.devices import grading_devices
+from grader.base.check_devices import grading_devices
 from grader.grading import DEVICES, grade_path
 from grader.judge.registry import diagnoser, exercise_checks, narrowed
 from grader.judge.results import ExerciseResult

@@ -6,7 +6,7 @@ and keep each run's verdicts.
 
 As the test: the zip of `gradescope-bundle` unpacked as Gradescope lays it out, its setup.sh run
 once in a container of the base image (`docker/check base`), then, for each run, student01 of
-grader.bench.make_class (the reference solutions) handed in and `run_autograder` run under
+grader.benchmarks.grade.make_class (the reference solutions) handed in and `run_autograder` run under
 `timeout 600` with `--cpus 0.5 --memory 2g --memory-swap 2g`. Each run's results.json is
 compared check by check with `python -m grader grade` of the same notebooks on this machine
 (graded once, before the runs), and kept: total, each check's name, score and max_score, and
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from tests.test_gradescope import graded, hand_in, unpacked, write_bundle
 from tests.test_images import AUTOGRADER_SECONDS, GRADESCOPE_CPUS, GRADESCOPE_MEMORY, check, run
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import nbformat
 
-from grader.authoring import filled_in
 from grader.manifest import REPO, load_manifest
+from grader.tools.authoring import filled_in
 from tests.conftest import NOTEBOOK_DATA_LIMIT, SOLUTIONS, python
 
 MANIFEST = load_manifest()

@@ -22,11 +22,11 @@ import torch.distributed as dist
 
 import dplab.distributed
 import dplab.rank
-import dplab.watch
+import dplab.rank_watch
 import grader.ranks.rankpool
 from dplab.devices import num_gpus
 from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
-from dplab.watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet
+from dplab.rank_watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet
 from grader.checks.train_ddp import plain_state, replay_on, training_steps
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
@@ -159,7 +159,7 @@ def watch_steps(monkeypatch) -> list[tuple]:
 
         return step
 
-    monkeypatch.setattr(dplab.watch, "quiet", recorded("quiet", quiet))
+    monkeypatch.setattr(dplab.rank_watch, "quiet", recorded("quiet", quiet))
     asked = recorded("asked", group.ask_awake, lambda said, args: list(args[1]))
     monkeypatch.setattr(group, "ask_awake", asked)
     monkeypatch.setattr(group, "answered", recorded("answered", group.answered))
@@ -258,12 +258,12 @@ def test_a_thread_kept_waiting_for_a_processor_counts_as_wanting_to_run(monkeypa
     listdir, clock = os.listdir, [100.0]
     monkeypatch.setattr(os, "listdir", lambda path=".": tasks.get(path) or listdir(path))
     monkeypatch.setattr(
-        dplab.watch,
+        dplab.rank_watch,
         "open",
         lambda path, *a, **k: io.BytesIO(proc[path]) if path in proc else open(path, *a, **k),
         raising=False,
     )
-    monkeypatch.setattr(dplab.watch, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(dplab.rank_watch, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     groups = {pid: Group(Path("."), [pid], False) for pid in (STARVED, SLEEPER)}
     thread(STARVED, 3_000_000, 500_000_000, 7, "R")
     thread(SLEEPER, 40_000_000, 1_000_000, 12, "S")
@@ -463,7 +463,7 @@ from grader.sandbox.preload import preload, the_rest
 from grader.load.notebook import imported_when_used
 import dplab.distributed
 import dplab.rank
-import dplab.watch
+import dplab.rank_watch
 import grader.ranks.rankpool
 preload()
 for step in the_rest():
@@ -618,7 +618,7 @@ def test_the_bench_prints_a_table_per_group_and_a_plot(tmp_path):
     plot = tmp_path / "bench.png"
     proc = subprocess.run(
         [
-            python(), "-m", "grader.bench_distributed", "--procs", "2", "--sizes", "4096",
+            python(), "-m", "grader.benchmarks.bandwidth", "--procs", "2", "--sizes", "4096",
             "16777216", "--repeats", "1", "--plot", str(plot),
         ],
         capture_output=True, text=True, timeout=600,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grader.authoring import hidden_parts
 from grader.manifest import REPO, load_manifest
+from grader.tools.authoring import hidden_parts
 from hub.lab_files import DOCKERFILE, image_files, stages
 from tests.test_lab import TOKEN, Lab, free_port
 
@@ -64,7 +64,7 @@ def test_the_lab_image_has_what_a_student_needs():
         "dplab/devices.py",
         "grader/manifest.toml",
         "grader/checks/allreduce.py",
-        "grader/in_kernel.py",
+        "grader/front/kernel.py",
         "docker/start-lab",
         "docker/lab-health",
         "dplab/fashion_mnist_sample/train-images-idx3-ubyte.gz",

@@ -14,7 +14,7 @@ from grader.load.notebook import read_cells
 from grader.manifest import load_manifest
 from grader.mistakes.allreduce import rebinds_list_entries
 from grader.report.feedback import inline, item
-from grader.report.results import read_json
+from grader.report.json_report import read_json
 from tests.conftest import SOLUTIONS, python, write_notebook
 
 MANIFEST = load_manifest()

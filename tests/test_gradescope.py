@@ -15,7 +15,7 @@ import zipfile
 import nbformat
 import pytest
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from tests.conftest import EXERCISES, python
 
 pytestmark = pytest.mark.slow

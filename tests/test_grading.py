@@ -7,7 +7,8 @@ import pytest
 
 from grader.judge.registry import exercise_checks, exercise_points, narrowed
 from grader.manifest import load_manifest
-from grader.report.results import read_json, render_exercise
+from grader.report.json_report import read_json
+from grader.report.text import render_exercise
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
 MANIFEST = load_manifest()
@@ -261,7 +262,7 @@ def test_a_notebook_that_cannot_be_checked_gets_one_clear_error(tmp_path, text, 
 def test_an_error_is_shown_once_per_exercise():
     """Checks that one error failed show it once; the others point to it (issue 31)."""
     from grader.judge.results import CheckResult, exercise_result
-    from grader.report.results import render_exercise
+    from grader.report.text import render_exercise
 
     def failed(name: str, seconds: str) -> CheckResult:
         message = f"the ranks are waiting: rank 0 computed nothing for {seconds} s"

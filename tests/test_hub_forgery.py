@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.grade_class import expand
+from grader.front.grade_class import expand
 from grader.load.submission import SET_ASIDE, set_aside_beside
 from grader.manifest import load_manifest
 

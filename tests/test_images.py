@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from grader.judge.registry import assignment_points
 from grader.manifest import REPO, load_manifest
 from labtext import LANGUAGES

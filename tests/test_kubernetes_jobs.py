@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from grader.manifest import REPO
 from tests.test_docker import COMPOSE
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import labtext
-from grader.cli import about
+from grader.front.cli import about
 from grader.manifest import REPO, load_manifest
 from grader.report.feedback import check_docs, item
 
@@ -132,7 +132,7 @@ def test_grade_writes_each_feedback_file_in_its_students_language(tmp_path):
 def test_a_check_cell_speaks_its_notebooks_language(monkeypatch, capsys):
     """In a kernel, Jupyter names the notebook (JPY_SESSION_NAME); a Chinese one's check cell
     reports in Chinese, and says its points in Chinese under the report."""
-    from grader.in_kernel import check as check_cell
+    from grader.front.kernel import check as check_cell
     from tests.conftest import fresh_solution
 
     for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
@@ -167,7 +167,7 @@ def test_one_deadlock_is_shown_once_in_either_language():
     """Two checks stopped by the same deadlock differ only in how long the ranks idled: the
     report shows the block once and points to it, in Chinese as in English."""
     from grader.judge.results import CheckResult, exercise_result
-    from grader.report.results import render_exercise
+    from grader.report.text import render_exercise
 
     for language, seconds in (("en", ("0.8 s", "0.9 s")), ("zh_CN", ("0.8秒", "0.9秒"))):
         with labtext.speaking(language):
@@ -183,7 +183,7 @@ def test_one_deadlock_is_shown_once_in_either_language():
 def test_a_check_cell_run_by_nbgrader_speaks_its_notebooks_language(tmp_path, monkeypatch, capsys):
     """nbgrader's autograding runs a notebook in its own folder and names it nowhere: the
     check cell finds the exercise's notebook there, and speaks its language."""
-    from grader.in_kernel import check as check_cell
+    from grader.front.kernel import check as check_cell
     from tests.conftest import fresh_solution
 
     for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG", "JPY_SESSION_NAME"):

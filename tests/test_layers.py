@@ -24,45 +24,25 @@ LAYERS = {
     "vocabulary": (
         "grader.settings",
         "grader.manifest",
-        "grader.devices",
-        "grader.limits",
-        "grader.watch",
         "grader.base.*",
-        "grader.fixtures",
         "grader.ranks.*",
         "grader.api",
-    ),
+    ),  # fmt: skip
     "exercises": ("grader.checks.*", "grader.hidden.*", "grader.mistakes.*"),
     "load": ("grader.load.*",),
     "sandbox": ("grader.sandbox.*",),
     "judge": ("grader.judge.*",),
     "report": ("grader.report.*",),
+    # One submission graded, as a pipeline of the steps above.
+    "pipeline": ("grader.grading",),
     # The authors' tools, which the command line offers: the mistake catalogue's table, the
     # translations' catalogues and notebooks.
-    "authoring": ("grader.authoring", "grader.messages", "grader.translate"),
+    "authoring": ("grader.tools.*",),
     # Ways in: the notebook's `check` (the package itself), the command line, a class, the
-    # kernel, Gradescope, merge, the warm server and the pytest plugin; and the grading
-    # pipeline they share.
-    "front ends": (
-        "grader",
-        "grader.__main__",
-        "grader.cli",
-        "grader.grading",
-        "grader.grade_class",
-        "grader.gradescope",
-        "grader.merge",
-        "grader.in_kernel",
-        "grader.warm",
-        "grader.test_submission",
-    ),
+    # kernel, Gradescope, merge, the warm server and the pytest plugin.
+    "front ends": ("grader", "grader.__main__", "grader.front.*"),
     # The maintainers' measures (make bench-*, make gpu-check), which drive the front ends.
-    "benchmarks": (
-        "grader.bench",
-        "grader.bench_distributed",
-        "grader.bench_notebooks",
-        "grader.gpu_check",
-        "grader.gpu_figures",
-    ),
+    "benchmarks": ("grader.benchmarks.*",),
 }
 ORDER = list(LAYERS)
 
@@ -139,12 +119,12 @@ def test_the_graph_is_read_from_the_code(graph):
     above what it imports (so an empty graph cannot pass)."""
     assert "grader.api" in graph["grader.checks.allreduce"]
     assert "grader.load.notebook" in graph["grader.sandbox.child"]
-    assert "grader.grading" in graph["grader.cli"]
+    assert "grader.grading" in graph["grader.front.cli"]
     assert "grader.load" in graph["grader.sandbox.child"]  # above grader.load.notebook
     assert "grader.sandbox" not in graph["grader.sandbox.child"]  # its own package ran first
     assert layer("dplab.distributed") == "runtime"
     assert layer("grader.ranks.pools") == "vocabulary"
-    assert layer("grader") == "front ends" and layer("grader.bench") == "benchmarks"
+    assert layer("grader") == "front ends" and layer("grader.benchmarks.grade") == "benchmarks"
 
 
 def test_every_module_is_named_in_exactly_one_layer():
@@ -216,6 +196,32 @@ def test_checks_modules_use_the_grader_through_its_api_alone(graph):
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_graders_root_shows_its_architecture():
+    """At most 8 modules at the grader's top; the rest is in folders named for their part."""
+    root = sorted(p.name for p in (REPO / "grader").glob("*.py"))
+    assert len(root) <= 8, root
+
+
+# Module names that more than one package has, each for the same job in its own package.
+SHARED_NAMES = {
+    "settings": "each package's variables of the environment (tests/test_settings.py)",
+    "notebook": "dplab reads a notebook's definitions; grader.load.notebook does so for grading",
+}
+
+
+def test_no_two_modules_share_a_name_for_different_jobs():
+    """`watch`, `warm`, `results`, `limits` and `devices` each named two things once. The
+    exercises' folders share their exercises' names by design."""
+    by_name: dict[str, list[str]] = {}
+    for name in modules():
+        parts = name.split(".")
+        if parts[-1] in ("__init__", "__main__") or set(parts) & {"checks", "hidden", "mistakes"}:
+            continue
+        by_name.setdefault(parts[-1], []).append(name)
+    shared = {n: found for n, found in by_name.items() if len(found) > 1 and n not in SHARED_NAMES}
+    assert not shared, shared
+
+
 def test_no_file_is_over_500_lines():
     long = {
         str(path.relative_to(REPO)): n
@@ -251,7 +257,8 @@ def test_a_command_reaches_the_warm_server_before_it_imports_torch():
     import sys
 
     code = (
-        "import sys; from grader import settings, warm; from grader.sandbox import forkserver; "
+        "import sys; from grader import settings; from grader.front import warm_server; "
+        "from grader.sandbox import forkserver; "
         "print(sorted(m for m in ('torch', 'dplab') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

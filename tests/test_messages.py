@@ -9,8 +9,8 @@ import tomllib
 import pytest
 
 import labtext
-from grader import messages
 from grader.manifest import REPO
+from grader.tools import messages
 
 LANGUAGE = "zh_CN"
 CJK = re.compile(r"[\u4e00-\u9fff]")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from grader.in_kernel import check
+from grader.front.kernel import check
 from grader.manifest import load_manifest
 from grader.mistakes import mistakes_of
 from tests.conftest import fresh_solution

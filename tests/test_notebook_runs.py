@@ -21,9 +21,9 @@ import pytest
 import torch
 from nbclient import NotebookClient
 
-from grader.authoring import reference_answers
 from grader.judge.registry import assignment_points, exercise_points
 from grader.manifest import REPO, load_manifest
+from grader.tools.authoring import reference_answers
 from tests.conftest import EXERCISES, NOTEBOOK_DATA_LIMIT, SOLUTIONS, notebook_from_script
 from tests.nbgrader_course import (
     STAND_INS,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from grader.authoring import cells_by_grade_id, hidden_parts, problems
 from grader.judge.registry import exercise_checks, exercise_points
 from grader.manifest import REPO, load_manifest
+from grader.tools.authoring import cells_by_grade_id, hidden_parts, problems
 from tests.conftest import EXERCISES, SOLUTIONS
 
 MANIFEST = load_manifest()
@@ -123,7 +123,7 @@ def test_every_gate_says_in_one_line_why_its_check_cannot_judge_without_it():
 
 
 def test_readme_lists_the_exercises_from_the_manifest():
-    from grader.cli import exercise_table
+    from grader.front.cli import exercise_table
 
     assert exercise_table() in (REPO / "README.md").read_text()
 

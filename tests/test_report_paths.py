@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.report.json_report import read_json
 from grader.report.paths import (
     ReportPathError,
     check_report_paths,
@@ -25,8 +26,7 @@ from grader.report.paths import (
     umask,
     write_report,
 )
-from grader.report.results import read_json, write_atomically
-from grader.sandbox import warm as warm_server
+from grader.sandbox import warm_client
 from tests.conftest import SOLUTIONS, python
 
 NOTEBOOK = str(SOLUTIONS / "from_scratch.ipynb")
@@ -44,7 +44,7 @@ def test_a_symlink_is_written_through_and_kept_its_targets_mode_too(tmp_path):
     target.chmod(0o640)
     link = tmp_path / "link.json"
     link.symlink_to(target)
-    write_atomically(link, "new\n")
+    write_report(link, "new\n")
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert target.read_text() == "new\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
@@ -55,12 +55,12 @@ def test_a_symlink_is_written_through_and_kept_its_targets_mode_too(tmp_path):
 def test_a_dangling_symlink_makes_its_target(tmp_path):
     link = tmp_path / "link.csv"
     link.symlink_to(tmp_path / "made.csv")
-    write_atomically(link, "a,b\n")
+    write_report(link, "a,b\n")
     assert link.is_symlink() and (tmp_path / "made.csv").read_text() == "a,b\n"
 
 
 def test_a_new_report_gets_the_mode_the_umask_gives(tmp_path):
-    write_atomically(tmp_path / "r.json", "{}")
+    write_report(tmp_path / "r.json", "{}")
     assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o666 & ~umask()
 
 
@@ -90,7 +90,7 @@ def test_a_fifo_is_written_directly_and_never_read_back(tmp_path):
     os.mkfifo(fifo)
     assert read_json(fifo) == []  # returns at once: nothing is opened
     reader, got = fifo_reader(fifo)
-    write_atomically(fifo, '{"submissions": []}\n')
+    write_report(fifo, '{"submissions": []}\n')
     reader.join(10)
     assert got == [b'{"submissions": []}\n']
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
@@ -204,9 +204,9 @@ def grade(request, base):
     if way.endswith("warm"):
         started = run()
         assert started.returncode == 0, started.stderr
-        assert len(warm_server.warm_servers(warm)) == 1  # the next commands run in it
+        assert len(warm_client.warm_servers(warm)) == 1  # the next commands run in it
     yield run
-    warm_server.stop_warm(warm)
+    warm_client.stop_warm(warm)
     shutil.rmtree(warm.with_name("warm-cache"), ignore_errors=True)
 
 

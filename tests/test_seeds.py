@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from grader.authoring import cells_by_grade_id, filled_in
 from grader.manifest import REPO, exercises_dir, load_manifest
+from grader.tools.authoring import cells_by_grade_id, filled_in
 from tests.conftest import python
 
 MANIFEST = load_manifest()

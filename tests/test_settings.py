@@ -50,7 +50,11 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (  # (file, variable or pattern, why
     ("dplab/train_ddp.py", "WORLD_SIZE", TORCHRUN),
     ("dplab/train_ddp.py", "LOCAL_WORLD_SIZE", TORCHRUN),
     ("dplab/distributed.py", "LOCAL_RANK", TORCHRUN),
-    ("grader/fixtures.py", "DPLAB_DEVICES", "saved to restore it: .get() cannot tell it unset"),
+    (
+        "grader/base/fixtures.py",
+        "DPLAB_DEVICES",
+        "saved to restore it: .get() cannot tell it unset",
+    ),
     ("hub/jupyterhub_config.py", "HUB_*", HUB),
     ("hub/jupyterhub_config.py", "LAB_LANG", "handed on to each lab, where grader.settings has it"),
     ("docs/hub/slurm_config.py", "HUB_*", HUB),
@@ -387,13 +391,16 @@ def test_an_allowance_covers_its_variable_in_its_own_file_alone():
 def test_nothing_reads_the_environment_outside_the_settings_modules():
     reads = tree_reads()
     reached = {read.path for read in reads}  # (so that a scan of nothing cannot pass)
-    assert {"grader/warm.py", "hub/jupyterhub_config.py", "docker/lab-health"} <= reached
+    assert {
+        "grader/front/warm_server.py",
+        "hub/jupyterhub_config.py",
+        "docker/lab-health",
+    } <= reached
     wrong = errors(reads)
     assert not wrong, (
         "read the environment through dplab.settings, grader.settings or labtext.settings "
         "(declare the variable there and in docs/settings.md), or allow it in "
-        "tests/test_settings.py, saying why:\n"
-        + "\n".join(wrong)
+        "tests/test_settings.py, saying why:\n" + "\n".join(wrong)
     )
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from tests.conftest import python
 
 pytestmark = pytest.mark.slow

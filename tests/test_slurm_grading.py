@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.bench import make_class
+from grader.benchmarks.grade import make_class
 from tests.conftest import python
 from tests.slurm_cluster import ENDED, SLURM_GRACE, cluster_missing, one_node_cluster
 from tests.test_shards import checks

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import grader.translate as translate
+import grader.tools.translate as translate
 from grader.checks import train_ddp, train_loop
 from grader.manifest import REPO, Exercise, load_manifest
 

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from grader.front.warm_server import run_warm
 from grader.grading import grade_path
 from grader.manifest import load_manifest
-from grader.sandbox import preload
-from grader.sandbox import warm as warm_server
-from grader.warm import run_warm
+from grader.sandbox import preload, warm_client
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing
 
@@ -32,7 +31,7 @@ def warm_folder(monkeypatch):
     monkeypatch.setenv("GRADER_WARM_DIR", str(folder))
     monkeypatch.delenv("GRADER_WARM_SECONDS", raising=False)
     yield folder
-    warm_server.stop_warm(folder)
+    warm_client.stop_warm(folder)
     for made in (folder, folder.with_name(f"{folder.name}-cache")):
         shutil.rmtree(made, ignore_errors=True)
 
@@ -56,9 +55,9 @@ def quick_grade(**env: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_commands_in_the_warm_server_report_what_a_command_on_its_own_does(warm_folder):
     alone = quick_grade(GRADER_WARM_SECONDS="0")
-    assert warm_server.warm_servers(warm_folder) == []
+    assert warm_client.warm_servers(warm_folder) == []
     first, second = quick_grade(), quick_grade()
-    (server,) = warm_server.warm_servers(warm_folder)  # started by the first, kept for the next
+    (server,) = warm_client.warm_servers(warm_folder)  # started by the first, kept for the next
     for warm in (first, second):
         assert warm.returncode == alone.returncode == 0, warm.stderr
         assert warm.stdout == alone.stdout
@@ -71,7 +70,7 @@ def test_bad_input_says_so_the_same_way_from_the_warm_server(warm_folder):
         proc = grader("check", str(SOLUTIONS), "-e", "allreduse", GRADER_WARM_SECONDS=warm)
         assert proc.returncode == 2
         assert "no exercise called 'allreduse'" in proc.stderr
-    assert len(warm_server.warm_servers(warm_folder)) == 1
+    assert len(warm_client.warm_servers(warm_folder)) == 1
 
 
 @pytest.mark.slow
@@ -88,7 +87,7 @@ def test_a_grade_whose_grader_is_killed_stops_with_its_children(warm_folder, ser
     )
     server = found = None
     for _ in range(1200):  # until the grade runs: a session of the server has forked children
-        found = warm_server.warm_servers(warm_folder)
+        found = warm_client.warm_servers(warm_folder)
         if found and any(children(session) for session in children(found[0])):
             server = found[0]
             break
@@ -134,25 +133,25 @@ def test_no_warm_server_where_others_may_enter_its_folder(tmp_path, monkeypatch)
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
     monkeypatch.setenv("GRADER_WARM_DIR", str(shared))
-    assert warm_server.warm_folder() is None
-    assert warm_server.connect_warm() is None
+    assert warm_client.warm_folder() is None
+    assert warm_client.connect_warm() is None
     monkeypatch.setenv("GRADER_WARM_DIR", str(tmp_path / "mine"))
-    assert warm_server.warm_folder() == tmp_path / "mine"
+    assert warm_client.warm_folder() == tmp_path / "mine"
     assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
 
 
 def test_no_warm_server_when_asked_for_none(monkeypatch):
     monkeypatch.setenv("GRADER_WARM_SECONDS", "0")
-    assert warm_server.connect_warm() is None
+    assert warm_client.connect_warm() is None
     assert run_warm([sys.executable, "check"]) is None
 
 
 def test_the_warm_servers_name_changes_with_the_environment_imports_read():
     env = preload.server_environment(Path("/nowhere"))
-    key = warm_server.warm_key(env)
-    assert warm_server.warm_key({**env, "DPLAB_FIGURE_DIR": "/elsewhere"}) == key
-    assert warm_server.warm_key({**env, "OMP_NUM_THREADS": "7"}) != key
-    assert warm_server.warm_key({**env, "PYTHONPATH": "/x"}) != key
+    key = warm_client.warm_key(env)
+    assert warm_client.warm_key({**env, "DPLAB_FIGURE_DIR": "/elsewhere"}) == key
+    assert warm_client.warm_key({**env, "OMP_NUM_THREADS": "7"}) != key
+    assert warm_client.warm_key({**env, "PYTHONPATH": "/x"}) != key
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from labtext import N_
 
-# A check's message, shown as `_(NOT_RUN)` (grader.report.results knows it in every language)
+# A check's message, shown as `_(NOT_RUN)` (grader.report.text knows it in every language)
 NOT_RUN = N_("not run: its notebook cannot be checked (see the note above)")
 
 

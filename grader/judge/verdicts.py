@@ -5,8 +5,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.api import Check, Context, Crash, Fail, Raised, Unobserved, raised_in
+from grader.base.check_devices import grading_devices
 from grader.base.values import unpack
-from grader.devices import grading_devices
 from grader.judge.registry import diagnoser
 from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference

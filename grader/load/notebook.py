@@ -46,7 +46,7 @@ from dplab.notebook import (
     strip_magics as strip_magics,
 )
 from grader.base.printed import captured
-from grader.limits import TimeLimit, time_limit
+from grader.base.time_limit import TimeLimit, time_limit
 from labtext import N_, _
 
 # What a notebook imports only to draw: where not yet imported, it loads when first used

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
-from dplab.watch import LIBRARY_PARTS
+from dplab.rank_watch import LIBRARY_PARTS
 from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
-from grader.limits import case_seconds
+from grader.base.time_limit import case_seconds
 from grader.ranks.judging import MISMATCH
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up
 from grader.ranks.plugins import backend_plugins_known
@@ -18,7 +18,7 @@ from labtext import _
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
 # Ranks that together compute next to nothing this long are deadlocked (those blocked in
-# torch.distributed, found idle and deaf to Python, sooner: dplab.watch.QUIET_SECONDS).
+# torch.distributed, found idle and deaf to Python, sooner: dplab.rank_watch.QUIET_SECONDS).
 IDLE_SECONDS = 5.0
 CPU_SECONDS = 60.0  # processor time of one group, all ranks together
 WALL_SECONDS = 300.0  # a backstop

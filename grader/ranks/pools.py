@@ -10,8 +10,8 @@ import torch
 
 from dplab.launched import Launched, LaunchError
 from grader.base.cases import Student
+from grader.base.tampering import Snapshot, watched_objects
 from grader.ranks.rankpool import RankPool
-from grader.watch import Snapshot, watched_objects
 from labtext import _
 
 

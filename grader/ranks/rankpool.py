@@ -16,7 +16,7 @@ import torch
 
 from dplab.launched import Launched, LaunchError
 from dplab.rank import fork_rank, leave_error, one_run
-from dplab.watch import Group, processor_seconds
+from dplab.rank_watch import Group, processor_seconds
 from grader.ranks.side_by_side import not_formed, side_by_side
 from labtext import _
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dplab.distributed import check_arguments, launch_folder, pause, read_results, start_group
 from dplab.launched import GroupNotFormed, Launched, LaunchError, RankFailed
-from dplab.watch import Group, watch_group
+from dplab.rank_watch import Group, watch_group
 from labtext import _
 
 

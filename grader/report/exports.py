@@ -10,7 +10,7 @@ from pathlib import Path
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest
-from grader.report.results import write_atomically
+from grader.report.paths import write_report
 from labtext import _, speaking
 
 
@@ -70,7 +70,7 @@ def gradescope_results(result: SubmissionResult) -> dict:
 def write_gradescope(result: SubmissionResult, folder: Path) -> Path:
     """Write `folder/<id>/results.json` for one submission; return its path."""
     path = Path(folder) / result.id / "results.json"
-    write_atomically(path, json.dumps(gradescope_results(result), indent=2) + "\n")
+    write_report(path, json.dumps(gradescope_results(result), indent=2) + "\n")
     return path
 
 

@@ -11,7 +11,8 @@ from functools import cache
 from pathlib import Path
 
 from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
-from grader.report.results import SECONDS, error_alone, not_run, write_atomically
+from grader.report.paths import write_report
+from grader.report.text import SECONDS, error_alone, not_run
 from labtext import _, speaking
 
 # What Markdown would act on in a line of text, escaped only where it would: a backslash
@@ -243,5 +244,5 @@ def write_feedback(
 ) -> Path:
     """Write `folder/<id>.md` for one submission, atomically; return its path."""
     path = Path(folder) / f"{result.id}.md"
-    write_atomically(path, feedback_markdown(result, titles))
+    write_report(path, feedback_markdown(result, titles))
     return path

@@ -28,20 +28,20 @@ import torch
 
 import labtext
 from grader.api import Case, Context, Student
+from grader.base.tampering import Snapshot, watched_objects
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks
 from grader.sandbox.audit import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
 from grader.sandbox.runner import run_case
-from grader.watch import Snapshot, watched_objects
 from labtext import _
 
 
 def public_modules() -> set[str]:
     """Return the modules a case may come from: the manifest's public checks modules and
     the fixtures they share (never a hidden check or a mistake)."""
-    return {ex.checks for ex in load_manifest().exercises} | {"grader.fixtures"}
+    return {ex.checks for ex in load_manifest().exercises} | {"grader.base.fixtures"}
 
 
 def held_cells(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> list[str]:
@@ -127,7 +127,7 @@ def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
     channel = Channel(int(request["fd"] if report_fd is None else report_fd), nonce)
     reply_fd = int(request["reply_fd"] if reply_fd is None else reply_fd)
     manifest = load_manifest()
-    from grader.devices import grading_devices
+    from grader.base.check_devices import grading_devices
 
     # Notes for whoever runs the command (the stand-in devices') are in the command's language.
     labtext.choose(labtext.known(str(request.get("terminal") or "")))

@@ -26,8 +26,8 @@ the child is to start with everything imported (`complete`: see `serve`). On the
 pipe the server writes the child's pid, and its exit code (as `Popen.returncode`) once it
 has ended. When the grader closes the socket, the server kills its children and ends.
 
-The warm server (grader.warm) is a fork server that outlives its command; finding and
-starting it is grader.sandbox.warm.
+The warm server (grader.front.warm_server) is a fork server that outlives its command; finding and
+starting it is grader.sandbox.warm_client.
 """
 
 import atexit
@@ -60,7 +60,7 @@ from grader.sandbox.fence import (
     needed_paths,
 )
 from grader.sandbox.preload import preload, server_environment, the_rest
-from grader.sandbox.warm import connect_warm
+from grader.sandbox.warm_client import connect_warm
 from labtext import _
 
 _STATUS = struct.Struct(">i")

@@ -46,7 +46,7 @@ PRELOADED = (
     "torch.distributed.tensor",
     "dplab.data",
     "dplab.distributed",
-    "grader.fixtures",
+    "grader.base.fixtures",
     "grader.sandbox.child",
 )
 

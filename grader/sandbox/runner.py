@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from grader.api import Case, Check, Context, Raised, Student
 from grader.base.printed import captured
+from grader.base.time_limit import TimeLimit, processor_seconds, time_limit
 from grader.base.values import pack
-from grader.limits import TimeLimit, processor_seconds, time_limit
 
 MAX_PRINTED = 4000
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from grader import settings
-from grader.devices import grading_mode
+from grader.base.check_devices import grading_mode
 from grader.sandbox import forkserver
 from grader.sandbox.collected import Limits
 from grader.sandbox.fence import Fence, choose_fence, limit_process, next_child_uid, private_paths

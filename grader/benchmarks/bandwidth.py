@@ -130,7 +130,7 @@ def plot(results: dict[str, dict[str, list[float]]], sizes: list[int], path: Pat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grader.bench_distributed")
+    parser = argparse.ArgumentParser(prog="python -m grader.benchmarks.bandwidth")
     parser.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes")
     parser.add_argument("--repeats", type=int, default=5)

@@ -1,6 +1,6 @@
 """`make gpu-check`: everything that only a machine with an NVIDIA GPU can show, in one run.
 
-    python -m grader.gpu_check [--json gpu-check.json] [--steps env,tests,class,book,ddp]
+    python -m grader.benchmarks.gpu_check [--json gpu-check.json] [--steps env,tests,class,book,ddp]
 
 Each step runs in a Python of its own, with a time limit, and its result goes into the JSON
 file the moment it is in, so a step that fails or runs out of time loses nothing else:
@@ -57,7 +57,7 @@ def run(command: list[str], limit: float, env: dict | None = None) -> tuple[int,
     )
 
 
-# ---- the steps, each run in a child: `python -m grader.gpu_check --step NAME` -------------
+# ---- the steps, each run in a child: `python -m grader.benchmarks.gpu_check --step NAME` ----
 
 
 def step_env() -> dict:
@@ -120,7 +120,7 @@ def verdicts(sub: dict) -> dict[str, bool]:
 
 
 def step_class(students: int, jobs: int, keep: Path) -> dict:
-    from grader.bench import KINDS, kind_of, make_class
+    from grader.benchmarks.grade import KINDS, kind_of, make_class
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -151,7 +151,7 @@ def step_class(students: int, jobs: int, keep: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m grader.gpu_check", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m grader.benchmarks.gpu_check", description=__doc__)
     p.add_argument("--json", type=Path, default=Path("gpu-check.json"))
     p.add_argument("--steps", default=",".join(STEPS), help="which steps, comma-separated")
     p.add_argument("--students", type=int, default=20)
@@ -187,7 +187,15 @@ def child_step(name: str, args: argparse.Namespace) -> dict:
         forwarded += ["--epochs", str(args.epochs), "--keep", str(args.json.parent.resolve())]
         forwarded += ["--subset", *map(str, args.subset)] if args.subset else []
         code, log, seconds = run(
-            [sys.executable, "-m", "grader.gpu_check", "--step", name, "--json", str(out)]
+            [
+                sys.executable,
+                "-m",
+                "grader.benchmarks.gpu_check",
+                "--step",
+                name,
+                "--json",
+                str(out),
+            ]
             + forwarded,
             LIMITS[name],
             {"DPLAB_FIGURE_DIR": tmp},  # the trainings' plots, not into the checkout
@@ -207,11 +215,11 @@ def run_step(args: argparse.Namespace) -> dict:
     if args.step == "class":
         return step_class(args.students, args.jobs, args.keep)
     if args.step == "book":
-        from grader.gpu_figures import book_figures
+        from grader.benchmarks.gpu_figures import book_figures
 
         return book_figures(args.epochs, args.subset)
     if args.step == "ddp":
-        from grader.gpu_figures import ddp_figures
+        from grader.benchmarks.gpu_figures import ddp_figures
 
         return ddp_figures(args.subset)
     raise SystemExit(f"gpu-check: no step {args.step}")

@@ -1,5 +1,5 @@
-"""The figures of `make gpu-check` (grader.gpu_check): the book's two trainings on one GPU,
-what bounds a ResNet-18 epoch, and train_ddp and the all-reduce bench with NCCL.
+"""The figures of `make gpu-check` (grader.benchmarks.gpu_check): the book's two trainings on
+one GPU, what bounds a ResNet-18 epoch, and train_ddp and the all-reduce bench with NCCL.
 
 Each function runs in a child of its own and returns what it measured; nothing here asserts
 a speed. Where there is no GPU it runs on the CPU, which is how it is tried out before a
@@ -216,7 +216,7 @@ def ddp_figures(subset: tuple[int, int] | None) -> dict:
         "two_processes": torchrun(2, extra, 60),
     }
     code_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "grader.bench_distributed", "--backends", "nccl"]
+    command = [sys.executable, "-m", "grader.benchmarks.bandwidth", "--backends", "nccl"]
     command += ["--procs", "2", "--repeats", "3", "--no-deadlock"]
     command += ["--plot", os.path.join(settings.FIGURE_DIR.get(), "bench.png")]
     try:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TextIO
 
 import labtext
-from grader.grade_class import Outputs, expand, grade_class, one_slice
+from grader.front.grade_class import Outputs, expand, grade_class, one_slice
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.notebook import CELL, CELL_DEFINING
@@ -15,7 +15,7 @@ from grader.manifest import Exercise, Manifest, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
-from grader.report.results import render_submission
+from grader.report.text import render_submission
 from grader.sandbox.starting import children_fence, fork_server
 from labtext import _
 
@@ -362,7 +362,7 @@ def say(results: list, manifest: Manifest, terminal: TextIO) -> None:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from grader.merge import MergeError, merge
+    from grader.front.merge import MergeError, merge
 
     try:
         run, results = merge(args.reports)
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "messages":
-            from grader import messages
+            from grader.tools import messages
 
             return messages.main(args.action, args.language, args.under)
         if args.command == "list":
@@ -409,13 +409,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             return 0
         if args.command == "sync":
-            from grader.authoring import problems, sync_points
+            from grader.tools.authoring import problems, sync_points
 
             for line in sync_points() + problems():
                 print(line)
             return 1 if problems() else 0
         if args.command == "translate":
-            from grader.translate import problems, write_edition
+            from grader.tools.translate import problems, write_edition
 
             found = [p for nb in load_manifest().notebooks for p in problems(args.language, nb)]
             for problem in found:
@@ -430,17 +430,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "merge":
             return run_merge(args)
         if args.command == "gradescope-bundle":
-            from grader.gradescope import write_bundle
+            from grader.front.gradescope import write_bundle
 
             names = write_bundle(args.out)
             print(_("wrote {path}: {count} files").format(path=args.out, count=len(names)))
             return 0
         if args.command == "gradescope-run":
-            from grader.gradescope import run
+            from grader.front.gradescope import run
 
             return run(args.submission, args.results, args.metadata)
         if args.command == "gradescope-stopped":
-            from grader.gradescope import stopped
+            from grader.front.gradescope import stopped
 
             if said := stopped(args.submission, args.results, args.exit_code, args.log):
                 print(said)

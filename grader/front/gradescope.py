@@ -97,7 +97,7 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
     from grader.grading import grade_submission
     from grader.load.submission import find_submission
     from grader.report.exports import gradescope_results
-    from grader.report.results import write_atomically
+    from grader.report.paths import write_report
 
     manifest = load_manifest()
     submission = Path(submission)
@@ -120,14 +120,14 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
             "This submission holds none of the lab's notebooks ({notebooks}); it has: {files}. "
             "Upload those notebooks, with the names they have in the lab."
         ).format(notebooks=notebooks, files=", ".join(uploaded) or _("no files"))
-        write_atomically(results, json.dumps(nothing_to_grade(said), indent=2) + "\n")
+        write_report(results, json.dumps(nothing_to_grade(said), indent=2) + "\n")
         print(said)
         return 0
     sub.id = student_of(metadata)
     # One notebook at a time: Gradescope's half a core gains nothing from more, and each
     # notebook's children side by side would hold their memory at once.
     result = grade_submission(sub, seed=seed, hidden=True, side_by_side=1)
-    write_atomically(results, json.dumps(gradescope_results(result), indent=2) + "\n")
+    write_report(results, json.dumps(gradescope_results(result), indent=2) + "\n")
     print(f"{result.id}: {result.score:g}/{result.max_score:g}")
     return 0
 
@@ -153,7 +153,7 @@ def stopped(submission: Path, results: Path, code: int, log: Path | None = None)
     that says so, why where it can tell, and what the instructor can do; return what it says.
     Results the grader did write are left alone."""
     from grader.load.submission import submission_language
-    from grader.report.results import write_atomically
+    from grader.report.paths import write_report
 
     if results.exists():
         return ""
@@ -193,5 +193,5 @@ def stopped(submission: Path, results: Path, code: int, log: Path | None = None)
                 lines += [_("Its last lines:"), *tail]
             lines.append(_("Instructor: regrade the submission once the cause is mended."))
     said = "\n".join(lines)
-    write_atomically(results, json.dumps(nothing_to_grade(said), indent=2) + "\n")
+    write_report(results, json.dumps(nothing_to_grade(said), indent=2) + "\n")
     return said

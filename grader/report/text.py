@@ -1,41 +1,10 @@
-"""Write the results of grading out, read them back, and show them (grader.judge.results)."""
+"""The results of grading as text (grader.judge.results): an exercise's, a submission's."""
 
-import json
 import re
-from dataclasses import asdict
 from functools import cache
-from pathlib import Path
 
 from grader.judge.results import NOT_RUN, ExerciseResult, SubmissionResult
-from grader.report.paths import readable_report, write_report
 from labtext import LANGUAGES, _, translate
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write a file so that a reader sees the old or the new content, never half of it: a
-    symlink's target is replaced and the symlink kept; standard output, a device or a FIFO
-    is written directly (grader.report.paths)."""
-    write_report(path, text)
-
-
-def write_json(results: list[SubmissionResult], path: Path, run: dict | None = None) -> None:
-    """Write the JSON report (docs/grading.md lists its fields), with `run`, how it was
-    graded, where given."""
-    payload = ({"run": run} if run else {}) | {"submissions": [asdict(r) for r in results]}
-    write_atomically(path, json.dumps(payload, indent=2) + "\n")
-
-
-def read_json(path: Path) -> list[SubmissionResult]:
-    """Read a JSON report back; an unreadable file gives no results (they will be graded),
-    and so does a stream (standard output, a pipe, a device), which is never read."""
-    if not readable_report(path):
-        return []
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return [SubmissionResult.from_dict(s) for s in data["submissions"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
 
 MAX_NOTES = 8
 # What grader.judge.verdicts makes of a failure's message when other checks failed of the same

@@ -38,7 +38,7 @@ from grader.sandbox.fence import (
 )
 from grader.sandbox.forkserver import probe_fence, serve, stop
 from grader.sandbox.preload import huge_pages, preload, pyplot, the_rest
-from grader.sandbox.warm import connect_warm, peer_uid, warm_key
+from grader.sandbox.warm_client import connect_warm, peer_uid, warm_key
 from labtext import _
 
 
@@ -141,7 +141,7 @@ def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        from grader.cli import main as cli
+        from grader.front.cli import main as cli
 
         try:
             code = cli(sys.argv[1:])
@@ -218,7 +218,8 @@ def run_warm(argv: list[str]) -> int | None:
 
 
 def main() -> None:
-    """`python -m grader.warm --warm SOCKET FENCE IDLE` (see grader.sandbox.warm.start_warm)."""
+    """`python -m grader.front.warm_server --warm SOCKET FENCE IDLE` (see
+    grader.sandbox.warm_client.start_warm)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
     path, asked_fence, idle = sys.argv[2], sys.argv[3], sys.argv[4]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

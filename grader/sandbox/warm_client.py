@@ -1,5 +1,5 @@
-"""Find, start and connect to this user's warm server (`grader.warm`), which outlives the
-command that started it: where it listens, what names it, and which servers run."""
+"""Find, start and connect to this user's warm server (`grader.front.warm_server`), which
+outlives the command that started it: where it listens, what names it, and which servers run."""
 
 import contextlib
 import hashlib
@@ -126,7 +126,7 @@ def start_warm(place: WarmPlace) -> None:
     with open(place.log, "ab") as out:
         subprocess.Popen(
             [
-                sys.executable, "-m", "grader.warm", "--warm", str(place.path),
+                sys.executable, "-m", "grader.front.warm_server", "--warm", str(place.path),
                 settings.FENCE.get(), f"{place.idle:g}",
             ],
             env=place.env, cwd=place.path.parent, stdin=subprocess.DEVNULL, stdout=out,

@@ -14,7 +14,7 @@ from pathlib import Path
 import labtext
 from grader import settings
 from grader.api import Context, Student
-from grader.devices import grading_devices
+from grader.base.check_devices import grading_devices
 from grader.grading import DEVICES
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
@@ -22,7 +22,7 @@ from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
 from grader.manifest import Exercise, load_manifest
 from grader.ranks.pools import rank_pools
-from grader.report.results import render_exercise
+from grader.report.text import render_exercise
 from grader.sandbox.runner import run_checks
 from labtext import _
 

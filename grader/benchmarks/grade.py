@@ -1,6 +1,6 @@
 """`make bench-grade`: time the grader, on one complete submission and on a generated class.
 
-    python -m grader.bench [--students 20] [--jobs 2] [--keep DIR]
+    python -m grader.benchmarks.grade [--students 20] [--jobs 2] [--keep DIR]
 
 First one complete submission (the reference solutions in the released notebooks) is graded
 by `python -m grader grade`, as an instructor would, twice: the first command starts the warm
@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 from grader import settings
-from grader.authoring import filled_in, reference_answers
-from grader.grade_class import Outputs, expand, grade_class
+from grader.front.grade_class import Outputs, expand, grade_class
 from grader.judge.registry import exercise_points
 from grader.manifest import REPO, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
@@ -35,7 +34,8 @@ from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
 from grader.sandbox.forkserver import stop
 from grader.sandbox.starting import fork_server, start_mode
-from grader.sandbox.warm import stop_warm
+from grader.sandbox.warm_client import stop_warm
+from grader.tools.authoring import filled_in, reference_answers
 
 KINDS = ("reference solutions", "untouched stubs", "catalogued mistakes")
 
@@ -77,7 +77,7 @@ def wall_seconds(*command: str) -> tuple[float, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m grader.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m grader.benchmarks.grade", description=__doc__)
     p.add_argument("--students", type=int, default=20, help="class size (default: %(default)s)")
     p.add_argument(
         "--jobs", type=int, default=2, help="submissions at a time (default: %(default)s)"

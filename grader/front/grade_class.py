@@ -38,8 +38,14 @@ from grader.load.submission import Submission, find_submission, set_aside_beside
 from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.feedback import check_feedback_folder, feedback_markdown, write_feedback
-from grader.report.paths import check_report_paths, is_stdout, is_stream, standard_stream
-from grader.report.results import read_json, write_atomically, write_json
+from grader.report.json_report import read_json, write_json
+from grader.report.paths import (
+    check_report_paths,
+    is_stdout,
+    is_stream,
+    standard_stream,
+    write_report,
+)
 from grader.sandbox.collected import Phases
 from grader.sandbox.scheduler import side_by_side_while_idle
 from labtext import _
@@ -155,7 +161,7 @@ class Outputs:
         if self.json and now(self.json):
             write_json(results, self.json, self.run)
         if self.csv and now(self.csv):
-            write_atomically(self.csv, gradebook_csv(results, manifest))
+            write_report(self.csv, gradebook_csv(results, manifest))
         if self.gradescope:
             for r in results if final else [just_done]:
                 write_gradescope(r, self.gradescope)
@@ -167,7 +173,7 @@ class Outputs:
             if standard_stream(self.feedback) is not None:
                 if now(self.feedback):  # every submission's, one after the other
                     text = "\n".join(feedback_markdown(r, titles) for r in results)
-                    write_atomically(self.feedback, text)
+                    write_report(self.feedback, text)
                 return
             for r in results if final else [just_done]:
                 write_feedback(r, self.feedback, titles)

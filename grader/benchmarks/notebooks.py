@@ -1,6 +1,6 @@
 """`make bench-notebooks`: time each reference notebook run end to end, as a student runs it.
 
-    python -m grader.bench_notebooks
+    python -m grader.benchmarks.notebooks
 
 Each notebook of the manifest runs from `solutions/` in a fresh Jupyter kernel, on two
 stand-in devices (or the real GPUs) and the embedded Fashion-MNIST sample; the seconds are

@@ -1,0 +1,1 @@
+"""The maintainers' measures: `make bench-*` and `make gpu-check`."""
