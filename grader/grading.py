@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import labtext
+from grader.base.check_devices import DEVICES
 from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.results import SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference
@@ -30,7 +31,7 @@ from grader.load.submission import Submission, find_submission, unfit_by_noteboo
 from grader.manifest import load_manifest
 from grader.sandbox.collected import Limits, Phases
 from grader.sandbox.starting import stop_all_children
-from grader.sandbox.supervisor import DEVICES, run_isolated
+from grader.sandbox.supervisor import run_isolated
 
 __all__ = ["DEVICES", "Limits", "grade_path", "grade_submission", "stop_all_children"]
 

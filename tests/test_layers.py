@@ -263,3 +263,45 @@ def test_a_command_reaches_the_warm_server_before_it_imports_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+# The fast path and the fence: what grading children need, and a kernel does not.
+NOT_IN_A_KERNEL = (
+    "grader.sandbox.forkserver",
+    "grader.sandbox.preload",
+    "grader.sandbox.fence",
+    "grader.sandbox.audit",
+    "grader.sandbox.supervisor",
+    "grader.sandbox.starting",
+    "grader.sandbox.scheduler",
+    "grader.sandbox.warm_client",
+    "grader.front.warm_server",
+)
+
+
+def test_check_in_a_kernel_loads_neither_the_fast_path_nor_the_fence():
+    """`check("allreduce", allreduce)` in a notebook runs the cases in the kernel itself: it
+    has no use for the fork server, the warm server or the fence, and should not wait for
+    them to load."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from grader import check\n"
+        "def allreduce(data):\n"
+        "    for i in range(1, len(data)):\n"
+        "        data[0][:] += data[i].to(data[0].device)\n"
+        "    for i in range(1, len(data)):\n"
+        "        data[i][:] = data[0].to(data[i].device)\n"
+        "points = check('allreduce', allreduce)\n"
+        "lab = sorted(m for m in sys.modules if m.split('.')[0] in ('grader', 'dplab', 'labtext'))\n"
+        "print(points, len(lab), *lab)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    points, count, *loaded = done.stdout.split("\n")[-2].split()
+    assert float(points) > 0, done.stdout  # the check ran, and the book's allreduce earned points
+    wrong = sorted(set(loaded) & set(NOT_IN_A_KERNEL))
+    assert not wrong, f"check() in a kernel loaded {wrong} ({count} of the lab's modules)"

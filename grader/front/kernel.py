@@ -14,8 +14,7 @@ from pathlib import Path
 import labtext
 from grader import settings
 from grader.api import Context, Student
-from grader.base.check_devices import grading_devices
-from grader.grading import DEVICES
+from grader.base.check_devices import DEVICES, grading_devices
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise

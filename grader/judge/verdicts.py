@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.api import Check, Context, Crash, Fail, Raised, Unobserved, raised_in
-from grader.base.check_devices import grading_devices
+from grader.base.check_devices import DEVICES, grading_devices
 from grader.base.values import unpack
 from grader.judge.registry import diagnoser
 from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
@@ -13,7 +13,6 @@ from grader.load.reference import reference
 from grader.load.submission import Submission
 from grader.manifest import Exercise
 from grader.sandbox.collected import Collected
-from grader.sandbox.supervisor import DEVICES
 from labtext import N_, _
 
 Diagnose = Callable[[Raised], str | None]

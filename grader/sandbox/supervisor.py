@@ -33,6 +33,7 @@ import torch
 
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
+from grader.base.check_devices import DEVICES
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
@@ -61,8 +62,6 @@ from grader.sandbox.watching import (
     over_a_limit,
 )
 from labtext import _, current, default_language
-
-DEVICES = 2  # the exercises train on two devices, like the book
 
 
 def cell_name(path: Path | None, number: int) -> str:
