@@ -11,65 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from dplab.launched import AUTOGRAD_FORK_HINT, LaunchError, RankFailed, RanksHung, RanksTimedOut
-from labtext import N_, _
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-# ---- the parent ----------------------------------------------------------------------------
-
-
-def processor_seconds(pid: int) -> float:
-    """Return the processor time process `pid` has used so far, with that of its children
-    that have ended and been waited for (0 if it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return sum(int(f) for f in fields[11:15]) / _TICKS
-
-
-def children_of(pids: list[int]) -> dict[int, list[int]]:
-    """Return each of `pids` with its descendants (a rank's DataLoader workers, say), found
-    by their parents in /proc."""
-    parent_of: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            parent_of[int(name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
-    family = {pid: [pid] for pid in pids}
-    for members in family.values():
-        for member in members:  # grows as it goes: grandchildren too
-            members += [c for c, parent in parent_of.items() if parent == member]
-    return family
-
-
-def describe_status(status: int) -> str:
-    """Say in words how a rank's process ended, from its wait status."""
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name
-        said = {
-            "SIGSEGV": N_("crashed with a segmentation fault"),
-            "SIGKILL": N_("was killed (SIGKILL), perhaps for using too much memory"),
-            "SIGABRT": N_("aborted"),
-        }.get(name, N_("was killed by {signal}"))
-        return _(said).format(signal=name)
-    return _("exited with code {code} without a result").format(
-        code=os.waitstatus_to_exitcode(status)
-    )
-
+from dplab.processes import children_of, describe_status, processor_seconds
+from labtext import _
 
 # Files whose frames are the machinery's, not the code being run: a stack shown to the user
 # leaves them out (a library that wraps torch.distributed adds its own file here).
 LIBRARY_PARTS = [
     f"{os.sep}torch{os.sep}",
     f"{os.sep}multiprocessing{os.sep}",
-    *(f"dplab{os.sep}{name}.py" for name in ("distributed", "rank", "watch")),
+    *(f"dplab{os.sep}{name}.py" for name in ("distributed", "rank", "rank_watch", "processes")),
 ]
 
 
@@ -358,6 +308,116 @@ def _accelerator_here() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
+class _Stillness:
+    """What watch_group remembers between its looks at a group, to tell whether the ranks
+    are stuck: idle for idle_timeout seconds, or deadlocked (found early, see `deadlock`)."""
+
+    def __init__(self, group: Group, idle_timeout: float) -> None:
+        self.group, self.idle_timeout = group, idle_timeout
+        self.readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
+        self.early = bool(idle_timeout) and idle_timeout > QUIET_SECONDS and not _accelerator_here()
+        self.demands: list[tuple[float, float, float]] = []  # (wall clock, demand, processor time)
+        # When the waiting ranks were asked to answer, and the reading they were quiet since.
+        self.asked: tuple[float, tuple[float, float, float]] | None = None
+
+    def idle(self, now: float, cpu: float) -> bool:
+        """Return True if the ranks computed next to nothing over the last idle_timeout s."""
+        self.readings.append((now, cpu))
+        # Waiting ranks are not quite still (a library may wake up now and then): they are
+        # stuck when, over the last idle_timeout seconds, they computed next to nothing.
+        while len(self.readings) > 2 and self.readings[1][0] <= now - self.idle_timeout:
+            self.readings.pop(0)
+        window_start, cpu_then = self.readings[0]
+        return bool(
+            self.idle_timeout
+            and now - window_start >= self.idle_timeout
+            and cpu - cpu_then < IDLE_SHARE * (now - window_start)
+        )
+
+    def deadlock(self, now: float, cpu: float) -> float | None:
+        """Return how many seconds the waiting ranks have been quiet if they are deadlocked,
+        found before idle_timeout: their threads hardly wanted to run for QUIET_SECONDS and
+        then none of them ran Python when asked to. Otherwise None."""
+        if not self.early:
+            return None
+        group, demands = self.group, self.demands
+        # The readings of the last QUIET_SECONDS, and the one just before them.
+        if not demands or now - demands[-1][0] >= DEMAND_SECONDS:
+            demands.append((now, group.demand(), cpu))
+        slow = busy_machine()  # a loaded machine stretches every wait
+        while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS * slow:
+            demands.pop(0)
+        waiting = [r for r in group.running if not group.returned(r)]
+        if not waiting:
+            self.asked = None
+        elif self.asked is None:
+            if now - demands[0][0] >= QUIET_SECONDS * slow and quiet(demands[0], demands[-1]):
+                group.ask_awake(waiting)
+                self.asked = (now, demands[0])
+        elif now - self.asked[0] >= ANSWER_SECONDS * slow:
+            if group.answered(waiting):
+                self.early = False  # it sleeps in Python (time.sleep): idle_timeout decides
+            elif quiet(self.asked[1], (now, group.demand(), cpu)):
+                return now - self.asked[1][0]
+            else:
+                self.asked = None
+        return None
+
+
+def _hung(group: Group, nprocs: int, quiet_for: float) -> LaunchError:
+    """Stop a stuck group; return the RanksHung that says where each waiting rank was."""
+    stacks = group.where()
+    done = [r for r in range(nprocs) if group.returned(r)]
+    waiting = [r for r in range(nprocs) if r not in done]
+    seconds = f"{round(quiet_for, 1):g}"
+    lines = []
+    for r in waiting:
+        if stacks.get(r):
+            said = _("rank {rank} computed nothing for {seconds} s and had not finished: {where}")
+        else:
+            said = _("rank {rank} computed nothing for {seconds} s and had not finished")
+        lines.append(said.format(rank=r, seconds=seconds, where=stacks.get(r)))
+    if done:
+        lines.append(
+            _("rank(s) {ranks} had returned, and waited for the others to return too").format(
+                ranks=", ".join(map(str, done))
+            )
+        )
+    why = (
+        _("a rank skipped a call that the others made, so they wait for it.")
+        if done
+        else _(
+            "the ranks are waiting for each other (a deadlock): for example every "
+            "rank doing a blocking send first."
+        )
+    )
+    rank = waiting[0] if len(waiting) == 1 else None
+    return group.stop(RanksHung, why + "\n  " + "\n  ".join(lines), rank, done)
+
+
+def _failure(group: Group, nprocs: int, failed: list[int]) -> RankFailed:
+    """Return the RankFailed for an ended group: the first rank to fail (the cause) and its
+    error, the ranks that stopped after it, and those that had finished."""
+    first, others = failed[0], sorted(failed[1:] + group.running)
+    message = group.error_of(first)
+    if "autograd's threading in combination with fork" in message:
+        message += "\n" + _(AUTOGRAD_FORK_HINT)
+    if others:
+        message += "\n" + _("(then rank(s) {ranks} stopped as well)").format(
+            ranks=", ".join(map(str, others))
+        )
+    finished = group.finished()
+    if finished:
+        message += "\n" + _(
+            "(rank(s) {ranks} had finished: a rank that skips a collective or a send leaves "
+            "the others waiting for it)"
+        ).format(ranks=", ".join(map(str, finished)))
+    outputs = [group.output(r) for r in range(nprocs)]
+    returned = [r for r in range(nprocs) if group.returned(r)]
+    results = group.results_of(returned)
+    return RankFailed(message, first, outputs, returned, results, group.raised(first))
+
+
 def watch_group(
     group: Group, nprocs: int, timeout: float, idle_timeout: float, cpu_limit: float | None
 ) -> Iterator[None]:
@@ -365,11 +425,8 @@ def watch_group(
     A generator: it yields whenever the caller should wait a moment and look again, so that
     one caller can watch several groups at once."""
     started = time.monotonic()
-    readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
     grace_until = None  # after a rank fails, the others get a moment to fail by themselves
-    early = bool(idle_timeout) and idle_timeout > QUIET_SECONDS and not _accelerator_here()
-    demands: list[tuple[float, float, float]] = []  # (wall clock, demand, processor time)
-    asked = None  # when the waiting ranks were asked to answer, and the reading quiet since
+    stillness = _Stillness(group, idle_timeout)
     while True:
         group.reap()
         group.stream()
@@ -381,39 +438,12 @@ def watch_group(
         if grace_until is not None and now > grace_until:
             break
         cpu = group.cpu()
-        readings.append((now, cpu))
-        # Waiting ranks are not quite still (a library may wake up now and then): they are
-        # stuck when, over the last idle_timeout seconds, they computed next to nothing.
-        while len(readings) > 2 and readings[1][0] <= now - idle_timeout:
-            readings.pop(0)
-        window_start, cpu_then = readings[0]
-        stuck = (
-            idle_timeout
-            and now - window_start >= idle_timeout
-            and cpu - cpu_then < IDLE_SHARE * (now - window_start)
-        )
+        stuck = stillness.idle(now, cpu)
         quiet_for = idle_timeout
-        if early and not stuck and grace_until is None:
-            # The readings of the last QUIET_SECONDS, and the one just before them.
-            if not demands or now - demands[-1][0] >= DEMAND_SECONDS:
-                demands.append((now, group.demand(), cpu))
-            slow = busy_machine()  # a loaded machine stretches every wait
-            while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS * slow:
-                demands.pop(0)
-            waiting = [r for r in group.running if not group.returned(r)]
-            if not waiting:
-                asked = None
-            elif asked is None:
-                if now - demands[0][0] >= QUIET_SECONDS * slow and quiet(demands[0], demands[-1]):
-                    group.ask_awake(waiting)
-                    asked = (now, demands[0])
-            elif now - asked[0] >= ANSWER_SECONDS * slow:
-                if group.answered(waiting):
-                    early = False  # it sleeps in Python (time.sleep): idle_timeout decides
-                elif quiet(asked[1], (now, group.demand(), cpu)):
-                    stuck, quiet_for = True, now - asked[1][0]
-                else:
-                    asked = None
+        if not stuck and grace_until is None:
+            deadlocked_for = stillness.deadlock(now, cpu)
+            if deadlocked_for is not None:
+                stuck, quiet_for = True, deadlocked_for
         if cpu_limit and cpu > cpu_limit:
             raise group.stop(
                 RanksTimedOut,
@@ -430,35 +460,7 @@ def watch_group(
             group.status.update(dict.fromkeys(range(nprocs), 0))
             break
         if stuck and grace_until is None:
-            stacks = group.where()
-            done = [r for r in range(nprocs) if group.returned(r)]
-            waiting = [r for r in range(nprocs) if r not in done]
-            seconds = f"{round(quiet_for, 1):g}"
-            lines = []
-            for r in waiting:
-                if stacks.get(r):
-                    said = _(
-                        "rank {rank} computed nothing for {seconds} s and had not finished: {where}"
-                    )
-                else:
-                    said = _("rank {rank} computed nothing for {seconds} s and had not finished")
-                lines.append(said.format(rank=r, seconds=seconds, where=stacks.get(r)))
-            if done:
-                lines.append(
-                    _(
-                        "rank(s) {ranks} had returned, and waited for the others to return too"
-                    ).format(ranks=", ".join(map(str, done)))
-                )
-            why = (
-                _("a rank skipped a call that the others made, so they wait for it.")
-                if done
-                else _(
-                    "the ranks are waiting for each other (a deadlock): for example every "
-                    "rank doing a blocking send first."
-                )
-            )
-            rank = waiting[0] if len(waiting) == 1 else None
-            raise group.stop(RanksHung, why + "\n  " + "\n  ".join(lines), rank, done)
+            raise _hung(group, nprocs, quiet_for)
         if timeout and now - started > timeout:
             raise group.stop(
                 RanksTimedOut,
@@ -472,21 +474,4 @@ def watch_group(
     group.flush()
     failed = group.failed()
     if failed:
-        first, others = failed[0], sorted(failed[1:] + group.running)
-        message = group.error_of(first)
-        if "autograd's threading in combination with fork" in message:
-            message += "\n" + _(AUTOGRAD_FORK_HINT)
-        if others:
-            message += "\n" + _("(then rank(s) {ranks} stopped as well)").format(
-                ranks=", ".join(map(str, others))
-            )
-        finished = group.finished()
-        if finished:
-            message += "\n" + _(
-                "(rank(s) {ranks} had finished: a rank that skips a collective or a send leaves "
-                "the others waiting for it)"
-            ).format(ranks=", ".join(map(str, finished)))
-        outputs = [group.output(r) for r in range(nprocs)]
-        returned = [r for r in range(nprocs) if group.returned(r)]
-        results = group.results_of(returned)
-        raise RankFailed(message, first, outputs, returned, results, group.raised(first))
+        raise _failure(group, nprocs, failed)

@@ -97,7 +97,60 @@ def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad=False):
     )
 
 
-def _patch_parallel() -> None:
+def _stand_in_ids(device_ids) -> list[torch.device] | None:
+    """Return the devices nn.DataParallel should use when they are stand-ins (or plain
+    numbers with no CUDA to number), as devices; None when the original should run."""
+    ids = list(device_ids) if device_ids is not None else None
+    if ids is None and enabled() and torch.cuda.device_count() < 2:
+        # Without device_ids nn.DataParallel takes every GPU there is: here, every stand-in.
+        ids = [torch.device(TYPE, i) for i in range(count())]
+    if ids and (
+        any(is_stand_in(d) for d in ids)
+        or (all(isinstance(d, int) for d in ids) and not torch.cuda.is_available())
+    ):
+        return [torch.device(TYPE, d) if isinstance(d, int) else torch.device(d) for d in ids]
+    return None
+
+
+def _init_on_stand_ins(
+    dp: nn.DataParallel, module: nn.Module, device_ids: list[torch.device], output_device, dim: int
+) -> None:
+    """Set up `dp` as nn.DataParallel.__init__ would, on stand-ins (which it refuses)."""
+    nn.Module.__init__(dp)
+    torch._C._log_api_usage_once("torch.nn.parallel.DataParallel")
+    dp.module = module
+    dp.device_ids = device_ids
+    dp.output_device = torch.device(output_device or dp.device_ids[0])
+    dp.dim = dim
+    dp.src_device_obj = dp.device_ids[0]
+    dp._stand_ins = True
+
+
+def _forward_on_stand_ins(dp: nn.DataParallel, inputs: tuple, kwargs: dict):
+    """Run nn.DataParallel's forward on stand-ins: scatter, replicate, apply, gather."""
+    for t in [*dp.module.parameters(), *dp.module.buffers()]:
+        if t.device != dp.src_device_obj:
+            raise RuntimeError(
+                "module must have its parameters and buffers on device "
+                f"{dp.src_device_obj} (device_ids[0]) but found one of them on "
+                f"device: {t.device}"
+            )
+    if len(dp.device_ids) == 1:
+        return dp.module(*inputs, **kwargs)
+    scattered = _scatter_obj(inputs, dp.device_ids, dp.dim) if inputs else []
+    scattered_kw = _scatter_obj(kwargs, dp.device_ids, dp.dim) if kwargs else []
+    n = len(scattered) if scattered else len(dp.device_ids)
+    if not scattered:
+        scattered = [() for _ in range(n)]
+    if not scattered_kw:
+        scattered_kw = [{} for _ in range(n)]
+    replicas = replicate(dp.module, dp.device_ids[:n])
+    outputs = [r(*i, **k) for r, i, k in zip(replicas, scattered, scattered_kw, strict=False)]
+    return gather(outputs, dp.output_device, dp.dim)
+
+
+def _patch_scatter() -> None:
+    """Make nn.parallel's scatter split inputs onto stand-ins too."""
     original_scatter = nn.parallel.scatter_gather.scatter
 
     @functools.wraps(original_scatter)
@@ -109,29 +162,17 @@ def _patch_parallel() -> None:
     nn.parallel.scatter_gather.scatter = scatter
     nn.parallel.scatter = scatter
 
+
+def _patch_data_parallel() -> None:
+    """Make nn.DataParallel accept stand-ins and run on them; other devices as before."""
     dp = nn.DataParallel
     original_init, original_forward = dp.__init__, dp.forward
 
     @functools.wraps(original_init)
     def init(self, module, device_ids=None, output_device=None, dim=0):
-        ids = list(device_ids) if device_ids is not None else None
-        if ids is None and enabled() and torch.cuda.device_count() < 2:
-            # Without device_ids nn.DataParallel takes every GPU there is: here, every stand-in.
-            ids = [torch.device(TYPE, i) for i in range(count())]
-        if ids and (
-            any(is_stand_in(d) for d in ids)
-            or (all(isinstance(d, int) for d in ids) and not torch.cuda.is_available())
-        ):
-            nn.Module.__init__(self)
-            torch._C._log_api_usage_once("torch.nn.parallel.DataParallel")
-            self.module = module
-            self.device_ids = [
-                torch.device(TYPE, d) if isinstance(d, int) else torch.device(d) for d in ids
-            ]
-            self.output_device = torch.device(output_device or self.device_ids[0])
-            self.dim = dim
-            self.src_device_obj = self.device_ids[0]
-            self._stand_ins = True
+        ids = _stand_in_ids(device_ids)
+        if ids is not None:
+            _init_on_stand_ins(self, module, ids, output_device, dim)
             return
         original_init(self, module, device_ids, output_device, dim)
 
@@ -139,25 +180,13 @@ def _patch_parallel() -> None:
     def forward(self, *inputs, **kwargs):
         if not getattr(self, "_stand_ins", False):
             return original_forward(self, *inputs, **kwargs)
-        for t in [*self.module.parameters(), *self.module.buffers()]:
-            if t.device != self.src_device_obj:
-                raise RuntimeError(
-                    "module must have its parameters and buffers on device "
-                    f"{self.src_device_obj} (device_ids[0]) but found one of them on "
-                    f"device: {t.device}"
-                )
-        if len(self.device_ids) == 1:
-            return self.module(*inputs, **kwargs)
-        scattered = _scatter_obj(inputs, self.device_ids, self.dim) if inputs else []
-        scattered_kw = _scatter_obj(kwargs, self.device_ids, self.dim) if kwargs else []
-        n = len(scattered) if scattered else len(self.device_ids)
-        if not scattered:
-            scattered = [() for _ in range(n)]
-        if not scattered_kw:
-            scattered_kw = [{} for _ in range(n)]
-        replicas = replicate(self.module, self.device_ids[:n])
-        outputs = [r(*i, **k) for r, i, k in zip(replicas, scattered, scattered_kw, strict=False)]
-        return gather(outputs, self.output_device, self.dim)
+        return _forward_on_stand_ins(self, inputs, kwargs)
 
     dp.__init__ = init
     dp.forward = forward
+
+
+def _patch_parallel() -> None:
+    """Let nn.parallel's scatter and nn.DataParallel work on stand-ins."""
+    _patch_scatter()
+    _patch_data_parallel()

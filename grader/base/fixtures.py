@@ -204,10 +204,18 @@ def _gpu_index(n: int, device=None) -> int:
     return index
 
 
+# The memory of each pretended GPU, in bytes.
+_PRETENDED_MEMORY = 16 * 2**30
+
+
 def _probes(n: int) -> dict:
     """Return torch.cuda's probes of a machine with `n` GPUs, each failing as CUDA's do for a
     GPU that is not there."""
-    total = 16 * 2**30
+    return {**_property_probes(n), **_runtime_probes(n)}
+
+
+def _property_probes(n: int) -> dict:
+    """Return torch.cuda's lookups of a GPU's properties on a machine with `n` GPUs."""
 
     def known(device=None) -> int:  # what torch.cuda's property lookups check
         index = _gpu_index(n, device)
@@ -215,21 +223,37 @@ def _probes(n: int) -> dict:
             raise AssertionError("Invalid device id")
         return index
 
-    def ordinal(device=None) -> int:  # what a call into the CUDA runtime checks
-        index = _gpu_index(n, device)
-        if not 0 <= index < n:
-            raise _no_such_gpu(n)
-        return index
-
     def properties(device=None) -> SimpleNamespace:
         known(device)
         return SimpleNamespace(
-            name="Pretended GPU", total_memory=total, major=8, minor=0, multi_processor_count=108
+            name="Pretended GPU",
+            total_memory=_PRETENDED_MEMORY,
+            major=8,
+            minor=0,
+            multi_processor_count=108,
         )
 
     def capability(device=None) -> tuple[int, int]:
         info = properties(device)
         return info.major, info.minor
+
+    return {
+        "get_device_name": lambda device=None: properties(device).name,
+        "get_device_properties": properties,
+        "get_device_capability": capability,
+    }
+
+
+def _runtime_probes(n: int) -> dict:
+    """Return torch.cuda's calls into the CUDA runtime (memory, the current GPU) on a machine
+    with `n` GPUs."""
+    total = _PRETENDED_MEMORY
+
+    def ordinal(device=None) -> int:  # what a call into the CUDA runtime checks
+        index = _gpu_index(n, device)
+        if not 0 <= index < n:
+            raise _no_such_gpu(n)
+        return index
 
     def memory(device=None) -> tuple[int, int]:
         ordinal(device)
@@ -253,9 +277,6 @@ def _probes(n: int) -> dict:
             return False
 
     return {
-        "get_device_name": lambda device=None: properties(device).name,
-        "get_device_properties": properties,
-        "get_device_capability": capability,
         "mem_get_info": memory,
         "memory_allocated": nothing_used,
         "memory_reserved": nothing_used,

@@ -28,7 +28,8 @@ from pathlib import Path
 from grader import settings
 from grader.front.grade_class import Outputs, expand, grade_class
 from grader.judge.registry import exercise_points
-from grader.manifest import REPO, exercises_dir, load_manifest
+from grader.judge.results import SubmissionResult
+from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
 from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
@@ -76,71 +77,78 @@ def wall_seconds(*command: str) -> tuple[float, str]:
     return time.monotonic() - started, done.stdout
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m grader.benchmarks.grade", description=__doc__)
     p.add_argument("--students", type=int, default=20, help="class size (default: %(default)s)")
     p.add_argument(
         "--jobs", type=int, default=2, help="submissions at a time (default: %(default)s)"
     )
     p.add_argument("--keep", type=Path, help="write the class and the report here, and keep them")
-    args = p.parse_args()
-    manifest = load_manifest()
-    print(f"{os.cpu_count()} cores, children started by {start_mode()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.keep or Path(tmp)
-        warm_folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-"))
-        os.environ[settings.WARM_DIR.name] = str(warm_folder)
-        make_class(root / "alone", 1)  # one complete submission
-        subprocess.run(  # untimed: PyTorch's files into the page cache (see above)
-            [
-                sys.executable,
-                "-c",
-                "import torch.distributed.tensor, torch._dynamo, matplotlib.pyplot",
-            ],
-            cwd=REPO,
-            capture_output=True,
-        )
-        alone = root / "alone" / "student01" / manifest.assignment
-        full = sum(exercise_points(ex) for ex in manifest.exercises)
-        for when in ("it starts the warm server", "the server is warm"):
-            # A later command: once a command has ended, the server imports what it still
-            # lacks (0.2 to 0.45 s at a time): a command that comes at once waits for that.
-            time.sleep(0 if when.startswith("it") else 2)
-            seconds, out = wall_seconds("grade", str(alone))
-            totals = [line.split()[1] for line in out.splitlines() if line.startswith("total")]
-            print(
-                f"one complete submission (the reference solutions), `python -m grader grade`, "
-                f"{when}: {seconds:.1f} s from the command to its report, "
-                f"{totals[0] if totals else '?'}/{full:g}"
-            )
-        notebook = alone / manifest.exercise("allreduce").notebook
-        time.sleep(2)
-        seconds, _ = wall_seconds("check", str(notebook), "--exercise", "allreduce")
-        print(
-            f"a student's `python -m grader check NOTEBOOK --exercise allreduce`: {seconds:.1f} s"
-        )
+    return p.parse_args()
 
-        make_class(root / "submitted", args.students)
-        subs = expand([root / "submitted"], manifest)
-        phases = Phases()
-        fork_server()  # started once per grading run, like `python -m grader grade` does
-        started = time.monotonic()
-        results = grade_class(
-            subs,
-            Outputs(json=root / "results.json"),
-            jobs=args.jobs,
-            regrade=True,
-            progress=lambda *a: None,
-            phases=phases,
+
+def warm_page_cache() -> None:
+    """Import what the warm server imports, untimed: PyTorch's files into the page cache
+    (see the module docstring)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch.distributed.tensor, torch._dynamo, matplotlib.pyplot",
+        ],
+        cwd=REPO,
+        capture_output=True,
+    )
+
+
+def time_commands(alone: Path, manifest: Manifest) -> None:
+    """Time `python -m grader grade` on the complete submission `alone`, as the command that
+    starts the warm server and then with the server warm, and a student's `check`."""
+    full = sum(exercise_points(ex) for ex in manifest.exercises)
+    for when in ("it starts the warm server", "the server is warm"):
+        # A later command: once a command has ended, the server imports what it still
+        # lacks (0.2 to 0.45 s at a time): a command that comes at once waits for that.
+        time.sleep(0 if when.startswith("it") else 2)
+        seconds, out = wall_seconds("grade", str(alone))
+        totals = [line.split()[1] for line in out.splitlines() if line.startswith("total")]
+        print(
+            f"one complete submission (the reference solutions), `python -m grader grade`, "
+            f"{when}: {seconds:.1f} s from the command to its report, "
+            f"{totals[0] if totals else '?'}/{full:g}"
         )
-        seconds = time.monotonic() - started
-        stop()
-        stop_warm(warm_folder)
-        for made in (warm_folder, warm_folder.with_name(f"{warm_folder.name}-cache")):
-            shutil.rmtree(made, ignore_errors=True)
+    notebook = alone / manifest.exercise("allreduce").notebook
+    time.sleep(2)
+    seconds, _ = wall_seconds("check", str(notebook), "--exercise", "allreduce")
+    print(f"a student's `python -m grader check NOTEBOOK --exercise allreduce`: {seconds:.1f} s")
+
+
+def time_class(
+    root: Path, students: int, jobs: int, manifest: Manifest, phases: Phases
+) -> tuple[list[SubmissionResult], float]:
+    """Grade a generated class of `students` under root/submitted/, `jobs` at a time, into
+    root/results.json; return the results and the seconds it took."""
+    make_class(root / "submitted", students)
+    subs = expand([root / "submitted"], manifest)
+    fork_server()  # started once per grading run, like `python -m grader grade` does
+    started = time.monotonic()
+    results = grade_class(
+        subs,
+        Outputs(json=root / "results.json"),
+        jobs=jobs,
+        regrade=True,
+        progress=lambda *a: None,
+        phases=phases,
+    )
+    return results, time.monotonic() - started
+
+
+def report(
+    results: list[SubmissionResult], seconds: float, jobs: int, phases: Phases, manifest: Manifest
+) -> None:
+    """Print the class's summary, its time by kind of submission and by phase."""
     print(summary_table(results, manifest))
     print(
-        f"\n{len(results)} submissions graded with --jobs {args.jobs} in {seconds:.1f} s: "
+        f"\n{len(results)} submissions graded with --jobs {jobs} in {seconds:.1f} s: "
         f"{seconds / len(results):.1f} s per submission"
     )
     for kind in KINDS:
@@ -153,6 +161,26 @@ def main() -> None:
     print("per submission, by phase (seconds of wall time, side by side with the others):")
     for name, spent in phases.seconds.items():
         print(f"  {name:<14}{spent / len(results):6.2f}")
+
+
+def main() -> None:
+    args = arguments()
+    manifest = load_manifest()
+    print(f"{os.cpu_count()} cores, children started by {start_mode()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        warm_folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-"))
+        os.environ[settings.WARM_DIR.name] = str(warm_folder)
+        make_class(root / "alone", 1)  # one complete submission
+        warm_page_cache()
+        time_commands(root / "alone" / "student01" / manifest.assignment, manifest)
+        phases = Phases()
+        results, seconds = time_class(root, args.students, args.jobs, manifest, phases)
+        stop()
+        stop_warm(warm_folder)
+        for made in (warm_folder, warm_folder.with_name(f"{warm_folder.name}-cache")):
+            shutil.rmtree(made, ignore_errors=True)
+    report(results, seconds, args.jobs, phases, manifest)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ before to be judged.
 
 import contextlib
 import io
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -75,6 +76,96 @@ def as_device_name(d, devices: list[torch.device]) -> str:
     return str(torch.device(d))
 
 
+class TrainingRecord:
+    """What a training run records of the tiny network `net`: each nn.DataParallel wrapping,
+    where its parameters were at its first forward pass, each forward pass in `log` (with
+    the passes over the data and the epochs), and what the student's code printed."""
+
+    def __init__(
+        self, net: nn.Module, devices: list[torch.device], batches: dict[str, list]
+    ) -> None:
+        self.net = net
+        self.devices = devices
+        self.batches = batches
+        self.log: list = []
+        self.wraps: list = []
+        self.started: list = []  # the devices of the parameters at the network's first forward pass
+        self.printed = io.StringIO()
+
+    def note_start(self) -> None:
+        """Note where the network's parameters are, at its first forward pass only."""
+        if not self.started:
+            self.started.append(sorted({str(p.device) for p in self.net.parameters()}))
+
+    def note_wrap(self, module: nn.Module, device_ids: list | None) -> None:
+        """Note a wrapping of `module` in nn.DataParallel, before nn.DataParallel looks."""
+        self.wraps.append(
+            {
+                "is_the_net": module is self.net,
+                "device_ids": None
+                if device_ids is None
+                else [as_device_name(d, self.devices) for d in device_ids],
+                "devices_of_parameters": sorted({str(p.device) for p in module.parameters()}),
+                "state": state(module),
+            }
+        )
+
+    def forward_hook(self) -> Callable[[nn.Module, tuple], None]:
+        """Return the forward pre-hook that logs each minibatch through the network."""
+
+        # A plain function, not a bound method: copy.deepcopy would copy a bound method's
+        # record along with a copy of the network; a function it shares, so the copy logs here.
+        def note_forward(module: nn.Module, inputs: tuple) -> None:
+            X = inputs[0]
+            if module is self.net:  # the network itself, not a replica nn.DataParallel made
+                self.note_start()
+            self.log.append(
+                ("forward", bool(module.training), batch_name(self.batches, X), str(X.device))
+            )
+
+        return note_forward
+
+    def data_parallel(self) -> type[nn.DataParallel]:
+        """Return an nn.DataParallel that notes each wrapping and the network's first pass."""
+        record = self
+
+        class RecordingDataParallel(nn.DataParallel):
+            def __init__(self, module, device_ids=None, output_device=None, dim=0):
+                record.note_wrap(module, device_ids)
+                super().__init__(module, device_ids, output_device, dim)
+
+            def forward(self, *inputs, **kwargs):
+                if self.module is record.net:
+                    record.note_start()
+                return super().forward(*inputs, **kwargs)
+
+        return RecordingDataParallel
+
+    def enter(self, stack: contextlib.ExitStack, student) -> None:
+        """Record, until `stack` closes, every nn.DataParallel the student's code makes (by
+        either name, or the notebook's own), what it plots and what it prints."""
+        recording = self.data_parallel()
+        stack.enter_context(mock.patch.object(nn, "DataParallel", recording))
+        stack.enter_context(mock.patch.object(nn.parallel, "DataParallel", recording))
+        if "DataParallel" in student.namespace:
+            stack.enter_context(student.replaced(DataParallel=recording))
+        stack.enter_context(mock.patch.object(dplab, "Animator", quiet_animator(self.log)))
+        stack.enter_context(contextlib.redirect_stdout(self.printed))
+
+    def seen(self, call: dict) -> dict:
+        """Return what the checks judge of a run that ended with `call` (see `attempt`)."""
+        return {
+            "raised": call["raised"],
+            "returned": call["returned"],
+            "devices": [str(d) for d in self.devices],
+            "wraps": self.wraps,
+            "started_on": self.started[0] if self.started else None,
+            "log": self.log,
+            "final": state(self.net),
+            "printed": self.printed.getvalue(),
+        }
+
+
 @case
 def training_run(
     student,
@@ -94,53 +185,15 @@ def training_run(
     if placed:
         net.to(devices[0])
     batches = tiny_batches()
-    log: list = []
-    wraps: list = []
-    started: list = []  # the devices of the parameters at the network's first forward pass
-
-    def note_start() -> None:
-        if not started:
-            started.append(sorted({str(p.device) for p in net.parameters()}))
-
-    class RecordingDataParallel(nn.DataParallel):
-        def __init__(self, module, device_ids=None, output_device=None, dim=0):
-            wraps.append(
-                {
-                    "is_the_net": module is net,
-                    "device_ids": None
-                    if device_ids is None
-                    else [as_device_name(d, devices) for d in device_ids],
-                    "devices_of_parameters": sorted({str(p.device) for p in module.parameters()}),
-                    "state": state(module),
-                }
-            )
-            super().__init__(module, device_ids, output_device, dim)
-
-        def forward(self, *inputs, **kwargs):
-            if self.module is net:
-                note_start()
-            return super().forward(*inputs, **kwargs)
-
-    def note_forward(module, inputs):
-        X = inputs[0]
-        if module is net:  # the network itself, not a replica nn.DataParallel made
-            note_start()
-        log.append(("forward", bool(module.training), batch_name(batches, X), str(X.device)))
-
-    net.register_forward_pre_hook(note_forward)
+    record = TrainingRecord(net, devices, batches)
+    net.register_forward_pre_hook(record.forward_hook())
     data = (
-        RecordedBatches(batches["train"], "train", log),
-        RecordedBatches(batches["test"], "test", log),
+        RecordedBatches(batches["train"], "train", record.log),
+        RecordedBatches(batches["test"], "test", record.log),
     )
-    printed = io.StringIO()
     fn = student.fn
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(nn, "DataParallel", RecordingDataParallel))
-        stack.enter_context(mock.patch.object(nn.parallel, "DataParallel", RecordingDataParallel))
-        if "DataParallel" in student.namespace:
-            stack.enter_context(student.replaced(DataParallel=RecordingDataParallel))
-        stack.enter_context(mock.patch.object(dplab, "Animator", quiet_animator(log)))
-        stack.enter_context(contextlib.redirect_stdout(printed))
+        record.enter(stack, student)
         call = attempt(
             fn,
             net,
@@ -151,16 +204,7 @@ def training_run(
             data=data,
             devices=devices,
         )
-    return {
-        "raised": call["raised"],
-        "returned": call["returned"],
-        "devices": [str(d) for d in devices],
-        "wraps": wraps,
-        "started_on": started[0] if started else None,
-        "log": log,
-        "final": state(net),
-        "printed": printed.getvalue(),
-    }
+    return record.seen(call)
 
 
 def loss_of(weights: dict, batch_norm: bool = True) -> float:

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -380,6 +381,94 @@ def run_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_messages(args: argparse.Namespace) -> int:
+    from grader.tools import messages
+
+    return messages.main(args.action, args.language, args.under)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    print(exercise_table())
+    return 0
+
+
+def run_mistakes(args: argparse.Namespace) -> int:
+    try:
+        print(mistake_table(args.exercise))
+    except ModuleNotFoundError:
+        print(
+            _(
+                "error: the catalogue of mistakes is not installed here; it stays on the "
+                "instructor's side"
+            ),
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def run_sync(args: argparse.Namespace) -> int:
+    """`sync`: write the points into the notebooks; 1 where the notebooks have problems."""
+    from grader.tools.authoring import problems, sync_points
+
+    for line in sync_points() + problems():
+        print(line)
+    return 1 if problems() else 0
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    """`translate`: write the notebooks in another language, unless a translation is amiss."""
+    from grader.tools.translate import problems, write_edition
+
+    found = [p for nb in load_manifest().notebooks for p in problems(args.language, nb)]
+    for problem in found:
+        print(_("error: {error}").format(error=problem), file=sys.stderr)
+    if found:
+        return 2
+    for path in write_edition(args.language, args.folder):
+        print(_("wrote {path}").format(path=path))
+    return 0
+
+
+def run_gradescope_bundle(args: argparse.Namespace) -> int:
+    from grader.front.gradescope import write_bundle
+
+    names = write_bundle(args.out)
+    print(_("wrote {path}: {count} files").format(path=args.out, count=len(names)))
+    return 0
+
+
+def run_gradescope_run(args: argparse.Namespace) -> int:
+    from grader.front.gradescope import run
+
+    return run(args.submission, args.results, args.metadata)
+
+
+def run_gradescope_stopped(args: argparse.Namespace) -> int:
+    """`gradescope-stopped`: write the results.json that says why gradescope-run stopped."""
+    from grader.front.gradescope import stopped
+
+    if said := stopped(args.submission, args.results, args.exit_code, args.log):
+        print(said)
+    return 0
+
+
+# Each sub-command's function; what only one of them needs, it imports itself, when run.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "check": run_check,
+    "grade": run_grade,
+    "merge": run_merge,
+    "list": run_list,
+    "mistakes": run_mistakes,
+    "sync": run_sync,
+    "translate": run_translate,
+    "messages": run_messages,
+    "gradescope-bundle": run_gradescope_bundle,
+    "gradescope-run": run_gradescope_run,
+    "gradescope-stopped": run_gradescope_stopped,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -388,64 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_("error: {error}").format(error=error), file=sys.stderr)
         return 2
     try:
-        if args.command == "messages":
-            from grader.tools import messages
-
-            return messages.main(args.action, args.language, args.under)
-        if args.command == "list":
-            print(exercise_table())
-            return 0
-        if args.command == "mistakes":
-            try:
-                print(mistake_table(args.exercise))
-            except ModuleNotFoundError:
-                print(
-                    _(
-                        "error: the catalogue of mistakes is not installed here; it stays on the "
-                        "instructor's side"
-                    ),
-                    file=sys.stderr,
-                )
-                return 2
-            return 0
-        if args.command == "sync":
-            from grader.tools.authoring import problems, sync_points
-
-            for line in sync_points() + problems():
-                print(line)
-            return 1 if problems() else 0
-        if args.command == "translate":
-            from grader.tools.translate import problems, write_edition
-
-            found = [p for nb in load_manifest().notebooks for p in problems(args.language, nb)]
-            for problem in found:
-                print(_("error: {error}").format(error=problem), file=sys.stderr)
-            if found:
-                return 2
-            for path in write_edition(args.language, args.folder):
-                print(_("wrote {path}").format(path=path))
-            return 0
-        if args.command == "check":
-            return run_check(args)
-        if args.command == "merge":
-            return run_merge(args)
-        if args.command == "gradescope-bundle":
-            from grader.front.gradescope import write_bundle
-
-            names = write_bundle(args.out)
-            print(_("wrote {path}: {count} files").format(path=args.out, count=len(names)))
-            return 0
-        if args.command == "gradescope-run":
-            from grader.front.gradescope import run
-
-            return run(args.submission, args.results, args.metadata)
-        if args.command == "gradescope-stopped":
-            from grader.front.gradescope import stopped
-
-            if said := stopped(args.submission, args.results, args.exit_code, args.log):
-                print(said)
-            return 0
-        return run_grade(args)
+        return COMMANDS.get(args.command, run_grade)(args)
     except (FileNotFoundError, KeyError, GradebookError, FeedbackError, ReportPathError) as error:
         said = error.args[0] if error.args else error
         print(_("error: {error}").format(error=said), file=sys.stderr)

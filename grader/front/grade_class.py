@@ -230,6 +230,111 @@ class Progress:
             print(line, file=self.stream, flush=True)
 
 
+def run_record(
+    subs: list[Submission],
+    options: dict,
+    exercises: list[str] | None,
+    shard: tuple[int, int] | None,
+) -> dict:
+    """What the JSON report says of how the class was graded (`merge` reads it)."""
+    return {
+        "grader": grader_fingerprint(),
+        "options": options,
+        "exercises": sorted(exercises) if exercises else None,
+        "class": [s.id for s in subs],
+        "shard": list(shard or (0, 1)),
+    }
+
+
+def kept_and_todo(
+    subs: list[Submission],
+    previous: dict[str, SubmissionResult],
+    options: dict,
+    regrade: bool,
+) -> tuple[dict[str, SubmissionResult], list[tuple[Submission, str]]]:
+    """Split `subs` into the results of the previous report that still hold (same
+    fingerprint, and no regrade asked for) and the submissions to grade, with their
+    fingerprints."""
+    results: dict[str, SubmissionResult] = {}
+    todo: list[tuple[Submission, str]] = []
+    for sub in subs:
+        mark = fingerprint(sub, options)
+        old = previous.get(sub.id)
+        if not regrade and old is not None and old.fingerprint == mark:
+            results[sub.id] = old
+        else:
+            todo.append((sub, mark))
+    return results, todo
+
+
+class ClassRun:
+    """The submissions of one `grade_class` call being graded side by side: those left to
+    grade, the results so far, and what the grading threads share."""
+
+    def __init__(
+        self,
+        subs: list[Submission],
+        todo: list[tuple[Submission, str]],
+        results: dict[str, SubmissionResult],
+        jobs: int,
+        grading: dict,
+    ) -> None:
+        self.subs, self.todo, self.results, self.jobs = subs, todo, results, jobs
+        self.grading = grading  # grade_submission's seed, hidden, limits and phases
+        self.threads = default_threads(jobs)
+        self.ended = 0  # submissions graded so far in this run
+        self.counting = threading.Lock()
+
+    def side_by_side(self) -> int:
+        """The notebooks of a submission graded at once: the cores shared among the
+        submissions not yet graded (those graded now and those waiting), at most `jobs` (so
+        the last ones of a class get the cores the others leave)."""
+        return notebooks_at_once(max(1, min(self.jobs, len(self.todo) - self.ended)))
+
+    def ordered(self) -> list[SubmissionResult]:
+        """The results so far, in the order of the submissions."""
+        return [self.results[s.id] for s in self.subs if s.id in self.results]
+
+    def grade(self, job: tuple[Submission, str]) -> SubmissionResult:
+        """Grade one submission (in a thread of its own), timed and marked with its
+        fingerprint."""
+        sub, mark = job
+        began = time.monotonic()
+        try:
+            result = grade_submission(
+                sub,
+                **self.grading,
+                threads=self.threads,
+                side_by_side=self.side_by_side,
+            )
+        finally:
+            with self.counting:
+                self.ended += 1
+        result.seconds, result.fingerprint = time.monotonic() - began, mark
+        return result
+
+    def run(
+        self, outputs: Outputs, show: Callable[[int, int, SubmissionResult | None], None]
+    ) -> list[SubmissionResult]:
+        """Grade what is left, writing `outputs` as each result comes in, and once more at
+        the end (or on Ctrl-C or a failure, with what is done)."""
+        show(len(self.results), 0, None)
+        finishing = side_by_side_while_idle(self.grade, self.todo, self.jobs, 2 * self.jobs)
+        try:
+            with contextlib.closing(finishing):
+                for future, running in finishing:
+                    result = future.result()
+                    self.results[result.id] = result
+                    outputs.write(self.ordered(), result)
+                    show(len(self.results), running, result)
+        except BaseException:  # Ctrl-C or a failure of the grader itself: keep what is done
+            stop_all_children()
+            outputs.write(self.ordered(), None)
+            raise
+        outputs.write(self.ordered(), None)
+        return self.ordered()
+
+
 def grade_class(
     subs: list[Submission],
     outputs: Outputs,
@@ -248,70 +353,12 @@ def grade_class(
     if given)."""
     limits = limits or Limits()
     options = {"seed": seed, "hidden": hidden, "limits": repr(limits)}
-    outputs.run = {
-        "grader": grader_fingerprint(),
-        "options": options,
-        "exercises": sorted(exercises) if exercises else None,
-        "class": [s.id for s in subs],
-        "shard": list(shard or (0, 1)),
-    }
+    outputs.run = run_record(subs, options, exercises, shard)
     if shard:
         subs = one_slice(subs, *shard)
     subs = [select_exercises(sub, exercises) for sub in subs]
     previous = {r.id: r for r in read_json(outputs.json)} if outputs.json else {}
-    results: dict[str, SubmissionResult] = {}
-    todo: list[tuple[Submission, str]] = []
-    for sub in subs:
-        mark = fingerprint(sub, options)
-        old = previous.get(sub.id)
-        if not regrade and old is not None and old.fingerprint == mark:
-            results[sub.id] = old
-        else:
-            todo.append((sub, mark))
+    results, todo = kept_and_todo(subs, previous, options, regrade)
     show = progress or Progress(len(subs)).show
-    threads = default_threads(jobs)
-    ended = [0]  # submissions graded so far in this run
-    counting = threading.Lock()
-
-    def side_by_side() -> int:
-        """The notebooks of a submission graded at once: the cores shared among the
-        submissions not yet graded (those graded now and those waiting), at most `jobs` (so
-        the last ones of a class get the cores the others leave)."""
-        return notebooks_at_once(max(1, min(jobs, len(todo) - ended[0])))
-
-    def ordered() -> list[SubmissionResult]:
-        return [results[s.id] for s in subs if s.id in results]
-
-    def grade(sub: Submission, mark: str) -> SubmissionResult:
-        began = time.monotonic()
-        try:
-            result = grade_submission(
-                sub,
-                seed=seed,
-                hidden=hidden,
-                limits=limits,
-                threads=threads,
-                phases=phases,
-                side_by_side=side_by_side,
-            )
-        finally:
-            with counting:
-                ended[0] += 1
-        result.seconds, result.fingerprint = time.monotonic() - began, mark
-        return result
-
-    show(len(results), 0, None)
-    finishing = side_by_side_while_idle(lambda job: grade(*job), todo, jobs, 2 * jobs)
-    try:
-        with contextlib.closing(finishing):
-            for future, running in finishing:
-                result = future.result()
-                results[result.id] = result
-                outputs.write(ordered(), result)
-                show(len(results), running, result)
-    except BaseException:  # Ctrl-C or a failure of the grader itself: keep what is done
-        stop_all_children()
-        outputs.write(ordered(), None)
-        raise
-    outputs.write(ordered(), None)
-    return ordered()
+    grading = {"seed": seed, "hidden": hidden, "limits": limits, "phases": phases}
+    return ClassRun(subs, todo, results, jobs, grading).run(outputs, show)

@@ -70,11 +70,7 @@ def serve_warm(
     try:
         while sessions or time.monotonic() - last < idle:
             ready, _, _ = select.select([listener], [], [], 0.05 if later else 1.0)
-            while sessions:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-                sessions.discard(pid)
+            if _reaped(sessions):
                 last = time.monotonic()
             if not ready:
                 if later and not sessions:
@@ -89,26 +85,52 @@ def serve_warm(
             if peer_uid(connection) != os.getuid():
                 connection.close()
                 continue
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                try:
-                    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
-                    asked = json.loads(message) if message else {}
-                    if "command" in asked and len(fds) == 3:
-                        run_command(connection, asked, fds)
-                    else:
-                        left = [step for step in later if step in rest]
-                        serve(connection, fence, fenced=fenced, rest=left)
-                finally:
-                    os._exit(0)
-            connection.close()
-            sessions.add(pid)
+            sessions.add(_fork_session(listener, connection, fence, fenced, later, rest))
             last = time.monotonic()
     finally:
         with contextlib.suppress(OSError):  # the path may lead to a newer server by now
             if os.stat(path).st_ino == os.fstat(listener.fileno()).st_ino:
                 os.remove(path)
+
+
+def _reaped(sessions: set[int]) -> bool:
+    """Collect the sessions that have ended, without waiting; return True if any had."""
+    ended = False
+    while sessions:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        sessions.discard(pid)
+        ended = True
+    return ended
+
+
+def _fork_session(
+    listener: socket.socket,
+    connection: socket.socket,
+    fence: Fence,
+    fenced: bool,
+    later: list[Callable[[], object]],
+    rest: list[Callable[[], object]],
+) -> int:
+    """Fork a session for the grader on `connection` and return its pid. The session runs
+    the command it asks for (`run_command`), or else serves it as a fork server, with the
+    imports of `rest` the server has not done yet (those still in `later`) to do first."""
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        try:
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            asked = json.loads(message) if message else {}
+            if "command" in asked and len(fds) == 3:
+                run_command(connection, asked, fds)
+            else:
+                left = [step for step in later if step in rest]
+                serve(connection, fence, fenced=fenced, rest=left)
+        finally:
+            os._exit(0)
+    connection.close()
+    return pid
 
 
 def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:

@@ -137,6 +137,97 @@ class Verdict:
         return not self.result.passed and self.observed
 
 
+@dataclass
+class _Judging:
+    """One check being judged from its case's outcome, and the failed verdicts it can give."""
+
+    check: Check
+    outcome: dict | None
+    function: str
+    diagnose: Diagnose
+
+    def failed(self, message: str, hint: str | None, crash: Raised | None = None) -> Verdict:
+        """Return a failed verdict, its message saying where the case held other names right."""
+        check = self.check
+        # Hints are translated here: a check's own, and the constants the checks modules
+        # mark with N_ (one already translated has no msgid, and comes back as it is).
+        if check.case.holds and self.outcome is not None and self.outcome.get("held") is False:
+            message = _(
+                "{message} (this ran with your own {names}; the grader holds them right with "
+                "the reference solution, so only this function counts there)"
+            ).format(message=message, names=", ".join(check.case.holds))
+        result = CheckResult(
+            check.name, False, 0.0, check.points, message, _(hint or check.hint), check.hidden
+        )
+        return Verdict(result, crash)
+
+    def crashed(self, raised: Raised, nothing_finished: bool = False, calls: int = 1) -> Verdict:
+        """Return the verdict on a check that a call of the student's function decided by
+        raising `raised`."""
+        # The check's own hint is about what the calls that finish do: with no evidence of
+        # that, only a hint about the error itself is shown.
+        function = self.function
+        hint = common_hint(raised, function) or self.diagnose(raised) or crash_hint(function)
+        return self.failed(error_message(raised, function, nothing_finished, calls), hint, raised)
+
+    def unjudged(self, message: str, hint: str | None) -> Verdict:
+        """Return the verdict on a check that failed without seeing its property."""
+        verdict = self.failed(message, hint)
+        verdict.observed = False
+        return verdict
+
+    def stopped_early(self, fail: Fail, crash: Raised) -> Verdict:
+        """Return the verdict on a check that failed on what was recorded before the student's
+        code raised `crash`."""
+        # What was recorded before the crash was not enough: say where it stopped.
+        function = self.function
+        message = _("{message}; `{function}` stopped early: {error}").format(
+            message=_(fail.message), function=function, error=error_message(crash, function)
+        )
+        hint = _(fail.hint or self.check.hint)
+        about = common_hint(crash, function) or self.diagnose(crash)
+        if about and not says_the_same(_(about), hint):
+            hint = _("{hint} About the error it stopped with: {about}").format(
+                hint=hint, about=_(about)
+            )
+        return self.failed(message, hint, crash)
+
+    def judged(self, seen: object, ctx: Context) -> Verdict:
+        """Return the verdict of the check's own judge on what its case saw."""
+        check = self.check
+        try:
+            check.judge(seen, ctx.for_case(check.case.name))
+        except Crash as crash:  # the check needed a call that raised
+            verdict = self.crashed(crash.raised, crash.every_call, crash.calls)
+            verdict.observed = not crash.every_call
+            verdict.see = crash.see
+            return verdict
+        except Unobserved as blind:
+            return self.unjudged(
+                _("not judged: {because} (`{check}` judges that)").format(
+                    because=_(blind.because), check=blind.until
+                ),
+                _("Fix `{check}` first.").format(check=blind.until),
+            )
+        except Fail as fail:
+            crash = raised_in(seen)
+            if crash is not None:
+                return self.stopped_early(fail, crash)
+            verdict = self.failed(_(fail.message), fail.hint)
+            verdict.see = fail.see
+            return verdict
+        except Exception as error:  # a result of a shape the check did not foresee
+            return self.failed(
+                _("the result could not be judged ({error}: {message})").format(
+                    error=type(error).__name__, message=error
+                ),
+                None,
+            )
+        return Verdict(
+            CheckResult(check.name, True, check.points, check.points, "", "", check.hidden)
+        )
+
+
 def judge_check(
     check: Check,
     outcome: dict | None,
@@ -147,36 +238,12 @@ def judge_check(
     missing: str = "",
 ) -> Verdict:
     """Return the verdict on one check from its case's outcome."""
-
-    def failed(message: str, hint: str | None, crash: Raised | None = None) -> Verdict:
-        # Hints are translated here: a check's own, and the constants the checks modules
-        # mark with N_ (one already translated has no msgid, and comes back as it is).
-        if check.case.holds and outcome is not None and outcome.get("held") is False:
-            message = _(
-                "{message} (this ran with your own {names}; the grader holds them right with "
-                "the reference solution, so only this function counts there)"
-            ).format(message=message, names=", ".join(check.case.holds))
-        result = CheckResult(
-            check.name, False, 0.0, check.points, message, _(hint or check.hint), check.hidden
-        )
-        return Verdict(result, crash)
-
-    def crashed(raised: Raised, nothing_finished: bool = False, calls: int = 1) -> Verdict:
-        # The check's own hint is about what the calls that finish do: with no evidence of
-        # that, only a hint about the error itself is shown.
-        hint = common_hint(raised, function) or diagnose(raised) or crash_hint(function)
-        return failed(error_message(raised, function, nothing_finished, calls), hint, raised)
-
-    def unjudged(message: str, hint: str | None) -> Verdict:
-        verdict = failed(message, hint)
-        verdict.observed = False
-        return verdict
-
+    judging = _Judging(check, outcome, function, diagnose)
     if outcome is None:
-        return unjudged(missing or _("this check's case did not run"), None)
+        return judging.unjudged(missing or _("this check's case did not run"), None)
     for before in check.after:
         if not verdicts.get(before, False):
-            return unjudged(
+            return judging.unjudged(
                 _("not judged until `{check}` passes: {because}").format(
                     check=before, because=_(check.because)
                 ),
@@ -184,52 +251,13 @@ def judge_check(
             )
     if "stopped" in outcome:
         stopped = str(outcome["stopped"])  # (said by the supervisor, in the reader's language)
-        return failed(with_reference_time(_(stopped), outcome), LIMIT_HINT)
+        return judging.failed(with_reference_time(_(stopped), outcome), LIMIT_HINT)
     if "error" in outcome:  # the case itself raised: no call of the student's finished
-        verdict = crashed(Raised.from_data(outcome["error"]), nothing_finished=True)
+        verdict = judging.crashed(Raised.from_data(outcome["error"]), nothing_finished=True)
         verdict.result.message = with_reference_time(verdict.result.message, outcome)
         verdict.observed = False
         return verdict
-    seen = unpack(outcome.get("value"))
-    try:
-        check.judge(seen, ctx.for_case(check.case.name))
-    except Crash as crash:  # the check needed a call that raised
-        verdict = crashed(crash.raised, crash.every_call, crash.calls)
-        verdict.observed = not crash.every_call
-        verdict.see = crash.see
-        return verdict
-    except Unobserved as blind:
-        return unjudged(
-            _("not judged: {because} (`{check}` judges that)").format(
-                because=_(blind.because), check=blind.until
-            ),
-            _("Fix `{check}` first.").format(check=blind.until),
-        )
-    except Fail as fail:
-        crash = raised_in(seen)
-        if crash is None:
-            verdict = failed(_(fail.message), fail.hint)
-            verdict.see = fail.see
-            return verdict
-        # What was recorded before the crash was not enough: say where it stopped.
-        message = _("{message}; `{function}` stopped early: {error}").format(
-            message=_(fail.message), function=function, error=error_message(crash, function)
-        )
-        hint = _(fail.hint or check.hint)
-        about = common_hint(crash, function) or diagnose(crash)
-        if about and not says_the_same(_(about), hint):
-            hint = _("{hint} About the error it stopped with: {about}").format(
-                hint=hint, about=_(about)
-            )
-        return failed(message, hint, crash)
-    except Exception as error:  # a result of a shape the check did not foresee
-        return failed(
-            _("the result could not be judged ({error}: {message})").format(
-                error=type(error).__name__, message=error
-            ),
-            None,
-        )
-    return Verdict(CheckResult(check.name, True, check.points, check.points, "", "", check.hidden))
+    return judging.judged(unpack(outcome.get("value")), ctx)
 
 
 def says_the_same(one: str, other: str) -> bool:

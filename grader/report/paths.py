@@ -243,23 +243,8 @@ def check_report_paths(
     a folder its own check looks at), `databases` (`--gradebook`: an existing file, written
     in place). Two reports for standard output, or for one file, are refused too."""
     folders, streams, databases = folders or {}, streams or {}, databases or {}
-    to_stdout = [
-        option
-        for option, path in {**files, **streams}.items()
-        if path is not None and standard_stream(path) is sys.stdout
-    ]
-    if len(to_stdout) > 1:
-        raise ReportPathError(
-            _("{options} each ask for standard output, which can take one report only; "
-              "write all but one of them to files").format(options=", ".join(to_stdout))
-        )  # fmt: skip
-    for option, path in {**folders, **databases}.items():
-        if path is not None and standard_stream(path) is not None:
-            raise ReportPathError(
-                _(
-                    "{option} {path}: this output is written as files, not to a stream; give a path"
-                ).format(option=option, path=_shown(path))
-            )
+    _check_one_on_stdout({**files, **streams})
+    _check_no_streams({**folders, **databases})
     for option, path in files.items():
         if path is not None:
             _check_file(option, path)
@@ -267,23 +252,61 @@ def check_report_paths(
         if path is not None:
             _check_folder(option, path)
     for option, path in databases.items():
-        if path is None:
-            continue
-        if os.path.exists(path) and not os.path.isfile(path):
+        if path is not None:
+            _check_database(option, path)
+    _check_one_each({**files, **databases})
+
+
+def _check_one_on_stdout(paths: dict[str, Path | None]) -> None:
+    """Raise ReportPathError where more than one report of `paths` asks for standard
+    output."""
+    to_stdout = [
+        option
+        for option, path in paths.items()
+        if path is not None and standard_stream(path) is sys.stdout
+    ]
+    if len(to_stdout) > 1:
+        raise ReportPathError(
+            _("{options} each ask for standard output, which can take one report only; "
+              "write all but one of them to files").format(options=", ".join(to_stdout))
+        )  # fmt: skip
+
+
+def _check_no_streams(paths: dict[str, Path | None]) -> None:
+    """Raise ReportPathError where a report written as files (`paths`) names a standard
+    stream."""
+    for option, path in paths.items():
+        if path is not None and standard_stream(path) is not None:
             raise ReportPathError(
-                _("{option} {path} is not a file").format(option=option, path=_shown(path))
+                _(
+                    "{option} {path}: this output is written as files, not to a stream; give a path"
+                ).format(option=option, path=_shown(path))
             )
-        if os.path.exists(path):
-            _check_file(option, path)
-            folder = os.path.dirname(os.path.realpath(path))
-            if not os.access(folder, os.W_OK | os.X_OK):  # (where its journal goes)
-                raise ReportPathError(
-                    _("{option} {path}: no permission to write into the folder {folder}; "
-                      "choose a folder you can write to").format(
-                        option=option, path=_shown(path), folder=folder)
-                )  # fmt: skip
+
+
+def _check_database(option: str, path: Path | str) -> None:
+    """Raise ReportPathError unless the database `path`, where it exists, is a file that can
+    be written in place, in a folder that can take its journal."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ReportPathError(
+            _("{option} {path} is not a file").format(option=option, path=_shown(path))
+        )
+    if os.path.exists(path):
+        _check_file(option, path)
+        folder = os.path.dirname(os.path.realpath(path))
+        if not os.access(folder, os.W_OK | os.X_OK):  # (where its journal goes)
+            raise ReportPathError(
+                _("{option} {path}: no permission to write into the folder {folder}; "
+                  "choose a folder you can write to").format(
+                    option=option, path=_shown(path), folder=folder)
+            )  # fmt: skip
+
+
+def _check_one_each(paths: dict[str, Path | None]) -> None:
+    """Raise ReportPathError where two reports of `paths` would write one file (streams
+    aside)."""
     seen: dict[str, str] = {}
-    for option, path in {**files, **databases}.items():
+    for option, path in paths.items():
         if path is None or is_stream(path):
             continue
         target = os.path.realpath(path)
