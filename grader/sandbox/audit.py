@@ -131,6 +131,57 @@ def _as_prefixes(roots: list[Path]) -> list[tuple[str, str]]:
     return [(str(r), str(r).rstrip("/") + "/") for r in roots]
 
 
+def _under(path, roots: list[tuple[str, str]]) -> bool:
+    """Return True if `path`, its links followed, is one of `roots` or inside one."""
+    try:
+        resolved = os.path.realpath(os.fsdecode(path))
+    except (TypeError, ValueError, OSError):
+        return False
+    return any(resolved == root or resolved.startswith(inside) for root, inside in roots)
+
+
+def _own_unix_socket(event: str, args: tuple, own_folder: list[tuple[str, str]]) -> bool:
+    """Return True for a Unix socket bound or connected to a path in the child's own
+    folders, or a message sent on one already connected: it reaches the child's own
+    processes alone (a DataLoader's workers hand their tensors over one)."""
+    sock, address = (list(args) + [None, None])[:2]
+    if getattr(sock, "family", None) != socket.AF_UNIX:
+        return False
+    if address is None:  # sending on a connected socket (writing to it is not audited)
+        return event in ("socket.sendmsg", "socket.sendto")
+    return (
+        event in ("socket.bind", "socket.connect", "socket.sendmsg", "socket.sendto")
+        and isinstance(address, str | bytes)
+        and address[:1] not in ("", "\0", b"\0")  # (abstract addresses are not files)
+        and _under(address, own_folder)
+    )
+
+
+def _check_open(
+    args: tuple, private: list[tuple[str, str]], allowed: list[tuple[str, str]]
+) -> None:
+    """Refuse an `open` event for a private path, or for writing outside `allowed`."""
+    path, mode, flags = (list(args) + [None, 0])[:3]
+    if _under(path, private):
+        raise Fenced(_("{path} is private to the grader").format(path=os.fsdecode(path)))
+    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        isinstance(flags, int) and flags & _WRITE_FLAGS
+    )
+    if writing and not _under(path, allowed):
+        raise Fenced(
+            _("writing {path} is not allowed while grading").format(path=os.fsdecode(path))
+        )
+
+
+def _check_change(args: tuple, allowed: list[tuple[str, str]]) -> None:
+    """Refuse an event of _CHANGES whose paths (the first two arguments) are not all allowed."""
+    for path in args[:2]:
+        if isinstance(path, str | bytes | os.PathLike) and not _under(path, allowed):
+            raise Fenced(
+                _("changing {path} is not allowed while grading").format(path=os.fsdecode(path))
+            )
+
+
 def install_audit_hook(scratch: Path, private: list[Path]) -> None:
     """Refuse network use, new processes, reading private folders and writing elsewhere (but
     let the lab's launcher fork the ranks of a process group, and PyTorch's DataLoader its
@@ -142,37 +193,14 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
     starts_a_loader_worker = loader_worker_test()
     _refuse_fork_exec()
 
-    def under(path, roots: list[tuple[str, str]]) -> bool:
-        """Return True if `path`, its links followed, is one of `roots` or inside one."""
-        try:
-            resolved = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError, OSError):
-            return False
-        return any(resolved == root or resolved.startswith(inside) for root, inside in roots)
-
-    def own_unix_socket(event: str, args: tuple) -> bool:
-        """Return True for a Unix socket bound or connected to a path in the child's own
-        folders, or a message sent on one already connected: it reaches the child's own
-        processes alone (a DataLoader's workers hand their tensors over one)."""
-        sock, address = (list(args) + [None, None])[:2]
-        if getattr(sock, "family", None) != socket.AF_UNIX:
-            return False
-        if address is None:  # sending on a connected socket (writing to it is not audited)
-            return event in ("socket.sendmsg", "socket.sendto")
-        return (
-            event in ("socket.bind", "socket.connect", "socket.sendmsg", "socket.sendto")
-            and isinstance(address, str | bytes)
-            and address[:1] not in ("", "\0", b"\0")  # (abstract addresses are not files)
-            and under(address, own_folder)
-        )
-
     def hook(event: str, args: tuple) -> None:
         if event in _NETWORK:
-            if own_unix_socket(event, args):
+            if _own_unix_socket(event, args, own_folder):
                 return
             raise Fenced(_("network use is not allowed while grading"))
         if event in _PROCESSES:
             if event == "os.fork":
+                # (here, not in a helper: frame 1 is the code that forks)
                 caller = sys._getframe(1)
                 if caller.f_code is fork_rank or starts_a_loader_worker(caller):
                     return
@@ -181,23 +209,8 @@ def install_audit_hook(scratch: Path, private: list[Path]) -> None:
             if "_posixsubprocess" not in sys.modules:  # afresh: the original fork_exec
                 raise Fenced(_(SPAWN_REFUSED))
         if event == "open" and args and isinstance(args[0], str | bytes | os.PathLike):
-            path, mode, flags = (list(args) + [None, 0])[:3]
-            if under(path, private):
-                raise Fenced(_("{path} is private to the grader").format(path=os.fsdecode(path)))
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & _WRITE_FLAGS
-            )
-            if writing and not under(path, allowed):
-                raise Fenced(
-                    _("writing {path} is not allowed while grading").format(path=os.fsdecode(path))
-                )
+            _check_open(args, private, allowed)
         elif event in _CHANGES and args and isinstance(args[0], str | bytes | os.PathLike):
-            for path in args[:2]:
-                if isinstance(path, str | bytes | os.PathLike) and not under(path, allowed):
-                    raise Fenced(
-                        _("changing {path} is not allowed while grading").format(
-                            path=os.fsdecode(path)
-                        )
-                    )
+            _check_change(args, allowed)
 
     sys.addaudithook(hook)

@@ -22,6 +22,7 @@ import itertools
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ import labtext
 from grader.api import Case, Context, Student
 from grader.base.tampering import Snapshot, watched_objects
 from grader.load.notebook import NotebookError, load_cells, load_notebook
-from grader.manifest import load_manifest
+from grader.manifest import Exercise, load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks
 from grader.sandbox.audit import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
@@ -119,6 +120,9 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
         serve(request, report_fd, reply_fd)
 
 
+Planned = tuple[str, Case, dict]  # a case to run: its name, its function, its arguments
+
+
 def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
     """Run a request read by `main`."""
     threads = max(1, int(request["threads"]))
@@ -148,52 +152,90 @@ def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
     before = Snapshot(watched_objects())
     install_audit_hook(Path(request["scratch"]), [Path(p) for p in request["private"]])
     limit = float(request["check_seconds"]) or None  # processor time per thread
-    loaded: dict[str, dict | NotebookError] = {}
     with contextlib.ExitStack() as pools:
+        exercises = Exercises(request, channel, reply_fd, nonce, ctx, limit, before, pools)
         for exercise_id, plan in plans.items():
-            ex = manifest.exercise(exercise_id)
-            if not plan:  # every case already ran in an earlier child
-                channel.send("exercise-done", exercise=exercise_id, changed=[])
-                continue
-            # Each case is claimed just before it runs: while cores sit idle, another child may
-            # be running the notebook's cases from the far end (grader.sandbox.supervisor).
-            mine = (c for c in plan if claimed(channel, reply_fd, nonce, exercise_id, c[0]))
-            first = next(mine, None)
-            if first is None:
-                continue  # another child has taken them all
-            channel.send("exercise-start", exercise=exercise_id)
-            if ex.notebook not in loaded:
-                loaded[ex.notebook] = load(ex.notebook, request, channel, limit)
-                if not isinstance(loaded[ex.notebook], NotebookError):
-                    # The notebook's distributed exercises share their ranks (grader.ranks).
-                    pools.enter_context(
-                        rank_pools(loaded[ex.notebook], ex.notebook, run_reference_cells)
-                    )
-            namespace = loaded[ex.notebook]
-            if isinstance(namespace, NotebookError):
-                channel.send(
-                    "exercise-done",
-                    exercise=exercise_id,
-                    changed=[],
-                    unloadable=_("{notebook} could not be loaded: {notes}").format(
-                        notebook=ex.notebook, notes=namespace
-                    ),
+            exercises.run(exercise_id, manifest.exercise(exercise_id), plan)
+
+
+class Exercises:
+    """Runs a request's exercises one after another (see `serve`): the notebooks loaded so far
+    (with their ranks in `pools`), and what the exercises share."""
+
+    def __init__(
+        self,
+        request: dict,
+        channel: Channel,
+        reply_fd: int,
+        nonce: str,
+        ctx: Context,
+        limit: float | None,
+        before: Snapshot,
+        pools: contextlib.ExitStack,
+    ) -> None:
+        self.request, self.channel, self.reply_fd, self.nonce = request, channel, reply_fd, nonce
+        self.ctx, self.limit, self.before, self.pools = ctx, limit, before, pools
+        self.loaded: dict[str, dict | NotebookError] = {}
+
+    def run(self, exercise_id: str, ex: Exercise, plan: list[Planned]) -> None:
+        """Run the cases of `plan` that this child claims for the exercise, and report."""
+        if not plan:  # every case already ran in an earlier child
+            self.channel.send("exercise-done", exercise=exercise_id, changed=[])
+            return
+        # Each case is claimed just before it runs: while cores sit idle, another child may
+        # be running the notebook's cases from the far end (grader.sandbox.supervisor).
+        mine = (
+            c for c in plan if claimed(self.channel, self.reply_fd, self.nonce, exercise_id, c[0])
+        )
+        first = next(mine, None)
+        if first is None:
+            return  # another child has taken them all
+        self.channel.send("exercise-start", exercise=exercise_id)
+        namespace = self.notebook(ex.notebook)
+        if isinstance(namespace, NotebookError):
+            self.channel.send(
+                "exercise-done",
+                exercise=exercise_id,
+                changed=[],
+                unloadable=_("{notebook} could not be loaded: {notes}").format(
+                    notebook=ex.notebook, notes=namespace
+                ),
+            )
+            return
+        student = Student(namespace, ex.function, ex.notebook)
+        self.run_cases(exercise_id, student, plan, itertools.chain([first], mine))
+        changed = self.before.changed()
+        self.channel.send("exercise-done", exercise=exercise_id, changed=changed)
+
+    def notebook(self, notebook: str) -> dict | NotebookError:
+        """Return the namespace of `notebook`, loading it the first time (or the error that
+        kept it from loading)."""
+        if notebook not in self.loaded:
+            self.loaded[notebook] = load(notebook, self.request, self.channel, self.limit)
+            if not isinstance(self.loaded[notebook], NotebookError):
+                # The notebook's distributed exercises share their ranks (grader.ranks).
+                self.pools.enter_context(
+                    rank_pools(self.loaded[notebook], notebook, run_reference_cells)
                 )
-                continue
-            student = Student(namespace, ex.function, ex.notebook)
-            holds = {n for _, found, _ in plan for n in found.holds}
-            cells = held_cells(channel, reply_fd, nonce, exercise_id, holds) if holds else []
-            held = run_reference_cells(cells) if cells else None
-            # Ranks that have seen a reference serve only the exercise that holds it.
-            in_ranks = reference_in_ranks(cells, held, holds) if held is not None else None
-            with in_ranks or contextlib.nullcontext():
-                for name, found, args in itertools.chain([first], mine):
-                    channel.send("case-start", exercise=exercise_id, case=name)
-                    outcome = run_case(found.using(name), student, ctx, args, limit, held)
-                    channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
-            del held
-            changed = before.changed()
-            channel.send("exercise-done", exercise=exercise_id, changed=changed)
+        return self.loaded[notebook]
+
+    def run_cases(
+        self, exercise_id: str, student: Student, plan: list[Planned], mine: Iterator[Planned]
+    ) -> None:
+        """Run the cases `mine` (those claimed of `plan`), with the reference's cells that
+        they hold names right with; what those define goes when this returns."""
+        holds = {n for _, found, _ in plan for n in found.holds}
+        cells = (
+            held_cells(self.channel, self.reply_fd, self.nonce, exercise_id, holds) if holds else []
+        )
+        held = run_reference_cells(cells) if cells else None
+        # Ranks that have seen a reference serve only the exercise that holds it.
+        in_ranks = reference_in_ranks(cells, held, holds) if held is not None else None
+        with in_ranks or contextlib.nullcontext():
+            for name, found, args in mine:
+                self.channel.send("case-start", exercise=exercise_id, case=name)
+                outcome = run_case(found.using(name), student, self.ctx, args, self.limit, held)
+                self.channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
 
 
 if __name__ == "__main__":

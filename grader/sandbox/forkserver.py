@@ -171,22 +171,70 @@ def serve(
         later = the_rest()
         fenced = probe_fence(fence)
     control.send(json.dumps({"ready": True, "fence": fenced, "chosen": asdict(fence)}).encode())
-    children: dict[int, int] = {}  # pid -> status descriptor
+    Requests(control, later).answer()
 
-    def fork(request: dict, fds: list[int]) -> None:
+
+class Requests:
+    """The fork requests of one grader on `control`, the children forked for them, and the
+    imports still `later` (see `serve`)."""
+
+    def __init__(self, control: socket.socket, later: list[Callable[[], object]]) -> None:
+        self.control = control
+        self.later = later
+        self.children: dict[int, int] = {}  # pid -> status descriptor
+
+    def answer(self) -> None:
+        """Answer requests until the grader has gone, then kill the children left."""
+        heard = time.monotonic()  # when the grader last asked (or was told it may)
+        try:
+            while True:
+                ready, _, _ = select.select([self.control], [], [], 0.02)
+                if (
+                    not ready
+                    and self.later
+                    and not self.children
+                    and time.monotonic() - heard > QUIET_SECONDS
+                ):
+                    self.later.pop()()
+                elif ready:
+                    heard = time.monotonic()
+                    if not self.answer_one():
+                        break  # the grader has gone
+                self.reap()
+        finally:
+            for pid in self.children:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def answer_one(self) -> bool:
+        """Read one request and fork for it; return False if the grader has gone."""
+        got = self.receive()
+        if got is None:
+            return False
+        if got[1] and self.later and got[0].get("complete"):
+            return self.fork_complete(got)
+        if got[1]:
+            self.fork(*got)
+        return True
+
+    def fork(self, request: dict, fds: list[int]) -> None:
+        """Fork a child for `request` (see become_child), which takes `fds`; tell the grader
+        its pid on its status pipe, which the server keeps."""
         pid = os.fork()
         if pid == 0:
-            control.close()
+            self.control.close()
             become_child(request, fds)
         for fd in fds[:3]:
             os.close(fd)
-        children[pid] = fds[3]
+        self.children[pid] = fds[3]
         _write_status(fds[3], pid)
 
-    def receive() -> tuple[dict, list[int]] | None:
+    def receive(self) -> tuple[dict, list[int]] | None:
         """Read one request; None once the grader has gone, no descriptors for a malformed
         one (those it came with are closed)."""
-        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+        message, fds, _, _ = socket.recv_fds(self.control, 1 << 20, 4)
         if not message:
             return None
         if len(fds) != 4:
@@ -195,12 +243,12 @@ def serve(
             return {}, []
         return json.loads(message), fds
 
-    def fork_complete(first: tuple[dict, list[int]]) -> bool:
+    def fork_complete(self, first: tuple[dict, list[int]]) -> bool:
         """Import the rest, then fork `first`; fork at once the requests that come with it
         and need no more. Return False if the grader has gone meanwhile."""
         held = [first]
-        while select.select([control], [], [], HOLD_SECONDS)[0]:
-            more = receive()
+        while select.select([self.control], [], [], HOLD_SECONDS)[0]:
+            more = self.receive()
             if more is None:  # nobody waits for the held children
                 for fd in (fd for _, fds in held for fd in fds):
                     os.close(fd)
@@ -208,43 +256,23 @@ def serve(
             if more[1] and more[0].get("complete"):
                 held.append(more)
             elif more[1]:
-                fork(*more)
-        while later:
-            later.pop()()
+                self.fork(*more)
+        while self.later:
+            self.later.pop()()
         for request, fds in held:
-            fork(request, fds)
+            self.fork(request, fds)
         return True
 
-    heard = time.monotonic()  # when the grader last asked (or was told it may)
-    try:
-        while True:
-            ready, _, _ = select.select([control], [], [], 0.02)
-            if not ready and later and not children and time.monotonic() - heard > QUIET_SECONDS:
-                later.pop()()
-            elif ready:
-                heard = time.monotonic()
-                got = receive()
-                if got is None:
-                    break  # the grader has gone
-                if got[1] and later and got[0].get("complete"):
-                    if not fork_complete(got):
-                        break
-                elif got[1]:
-                    fork(*got)
-            while children:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-                fd = children.pop(pid, None)
-                if fd is not None:
-                    _write_status(fd, os.waitstatus_to_exitcode(status))
-                    os.close(fd)
-    finally:
-        for pid in children:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    def reap(self) -> None:
+        """Write the exit code of each child that has ended on its status pipe."""
+        while self.children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            fd = self.children.pop(pid, None)
+            if fd is not None:
+                _write_status(fd, os.waitstatus_to_exitcode(status))
+                os.close(fd)
 
 
 def _write_status(fd: int, value: int) -> None:

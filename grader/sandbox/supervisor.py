@@ -51,7 +51,7 @@ from grader.sandbox.fence import private_paths
 from grader.sandbox.frames import FrameReader
 from grader.sandbox.runner import unique_cases
 from grader.sandbox.scheduler import Shares, side_by_side_while_idle
-from grader.sandbox.starting import forget, start_child, track
+from grader.sandbox.starting import Child, forget, start_child, track
 from grader.sandbox.watching import (
     PROCESSOR_TIME,
     GroupTime,
@@ -74,6 +74,41 @@ def cell_name(path: Path | None, number: int) -> str:
     return said_cell(name)  # (in the reader's language)
 
 
+def child_request(
+    sub: Submission,
+    plans: dict[str, list[tuple[str, Case, dict]]],
+    seed: int,
+    limits: Limits,
+    threads: int,
+    scratch: Path,
+    collected: Collected,
+    nonce: str,
+    report_fd: int,
+    reply_fd: int,
+) -> dict:
+    """Return the request a child reads (grader.sandbox.child): what to run on `plans`, and
+    where, with the child's ends of its pipes."""
+    return {
+        "fd": report_fd,
+        "reply_fd": reply_fd,
+        "nonce": nonce,
+        "seed": seed,
+        "language": current(),  # of what the child says (grader.sandbox.child)
+        "terminal": default_language(),  # of its notes to whoever runs the command
+        "devices": DEVICES,
+        "threads": threads,
+        "scratch": str(scratch),
+        "private": [str(p) for p in private_paths()],
+        "check_seconds": limits.check_seconds,
+        "skip": {name: list(collected.skip.get(name, [])) for name in sub.notebooks},
+        "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
+        "exercises": [
+            [ex, [[name, list(case.origin), args] for name, case, args in plan]]
+            for ex, plan in plans.items()
+        ],
+    }
+
+
 def run_child(
     sub: Submission,
     plans: dict[str, list[tuple[str, Case, dict]]],
@@ -91,28 +126,10 @@ def run_child(
     reply_read, reply_write = os.pipe()
     request_path = scratch / f"request-{nonce[:8]}.pt"
     asked = time.monotonic()
-    torch.save(
-        {
-            "fd": write_fd,
-            "reply_fd": reply_read,
-            "nonce": nonce,
-            "seed": seed,
-            "language": current(),  # of what the child says (grader.sandbox.child)
-            "terminal": default_language(),  # of its notes to whoever runs the command
-            "devices": DEVICES,
-            "threads": threads,
-            "scratch": str(scratch),
-            "private": [str(p) for p in private_paths()],
-            "check_seconds": limits.check_seconds,
-            "skip": {name: list(collected.skip.get(name, [])) for name in sub.notebooks},
-            "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
-            "exercises": [
-                [ex, [[name, list(case.origin), args] for name, case, args in plan]]
-                for ex, plan in plans.items()
-            ],
-        },
-        request_path,
+    request = child_request(
+        sub, plans, seed, limits, threads, scratch, collected, nonce, write_fd, reply_read
     )
+    torch.save(request, request_path)
     try:
         complete = any(load_manifest().exercise(ex).distributed for ex in plans)
         proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read, complete)
@@ -126,37 +143,14 @@ def run_child(
     watch = Watch(exercise_started=now, computed_at=now, started=asked)
     # The child stops a case at the limit itself; this is for a case that ignores the stop.
     hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
-    reason, limit = "", ""
+
+    def take(frame: dict, now: float) -> None:
+        follow(frame, watch, now, collected, plans, reply_write, nonce, claim)
+
     try:
-        while True:
-            ready, _writable, _failed = select.select([read_fd], [], [], 0.2)
-            data = os.read(read_fd, 1 << 20) if ready else b""
-            now = time.monotonic()
-            for frame in reader.feed(data):
-                follow(frame, watch, now, collected, plans, reply_write, nonce, claim)
-            if reader.broken:
-                reason = reader.broken
-                break
-            if ready and not data:  # end of file: the child has closed its end
-                break
-            cpu = group_time.seconds()
-            if cpu is not None:
-                if cpu > watch.cpu + 0.01:
-                    watch.computed_at = now
-                watch.cpu = cpu
-            limit, reason = over_a_limit(watch, cpu, now, limits, hard_cpu)
-            if reason:
-                break
+        limit, reason = watch_child(read_fd, reader, group_time, watch, limits, hard_cpu, take)
     finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        code = proc.wait()
-        forget(proc)
-        os.close(read_fd)
-        os.close(reply_write)
+        code = end_child(proc, read_fd, reply_write)
     if not reason and (watch.exercise or watch.loading or code != 0):
         reason = describe_exit(code)
         tail = log_tail(scratch / "child.log")
@@ -165,6 +159,56 @@ def run_child(
                 reason=reason, lines=tail
             )
     return Stop(watch.where(), reason, limit)
+
+
+def watch_child(
+    read_fd: int,
+    reader: FrameReader,
+    group_time: GroupTime,
+    watch: Watch,
+    limits: Limits,
+    hard_cpu: float,
+    take: Callable[[dict, float], None],
+) -> tuple[str, str]:
+    """Read the child's frames (each goes to `take`, with when it came) until it closes its
+    end, its frames break or it goes over a limit; return (the limit, why) as `over_a_limit`
+    last said them, or with why its frames broke."""
+    reason, limit = "", ""
+    while True:
+        ready, _writable, _failed = select.select([read_fd], [], [], 0.2)
+        data = os.read(read_fd, 1 << 20) if ready else b""
+        now = time.monotonic()
+        for frame in reader.feed(data):
+            take(frame, now)
+        if reader.broken:
+            reason = reader.broken
+            break
+        if ready and not data:  # end of file: the child has closed its end
+            break
+        cpu = group_time.seconds()
+        if cpu is not None:
+            if cpu > watch.cpu + 0.01:
+                watch.computed_at = now
+            watch.cpu = cpu
+        limit, reason = over_a_limit(watch, cpu, now, limits, hard_cpu)
+        if reason:
+            break
+    return limit, reason
+
+
+def end_child(proc: Child, read_fd: int, reply_write: int) -> int:
+    """Kill the child's group if the child still runs, wait for it, close this process's ends
+    of its pipes; return its exit code."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    code = proc.wait()
+    forget(proc)
+    os.close(read_fd)
+    os.close(reply_write)
+    return code
 
 
 def holds_in_ranks(exercise, cases: list[Case]) -> bool:
@@ -256,19 +300,10 @@ def run_notebook(
         found = shares.case[exercise, name]
         return name, found, found.arguments(base.for_case(name))
 
-    def first_left(plans: dict) -> str | None:
-        """Return the first exercise of `plans` with cases still left to this loop."""
-        left = shares.open(loop, collected)
-        return next((ex for ex in plans if ex in left), None)
-
     todo = shares.open(loop, collected)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         scratch = Path(tmp)
-        (scratch / "submission").mkdir()
-        for name, path in sub.notebooks.items():
-            shutil.copyfile(path, scratch / "submission" / name)
-        scratch.chmod(0o700)
-        (scratch / "tmp").mkdir()
+        copy_submission(sub, scratch)
         while todo:
             order = list(todo.items())
             if helper is not None:  # from the far end
@@ -280,37 +315,70 @@ def run_notebook(
                 sub, plans, seed, limits, threads, scratch, collected,
                 claim=lambda exercise, case: shares.take(exercise, case, loop),
             )  # fmt: skip
-            match stop.on:
-                case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
-                    collected.skip.setdefault(notebook, []).append([cell, line])
-                    collected.skip_notes.setdefault(notebook, []).append(
-                        _("{cell}, line {line}: skipped, because {reason} while running it").format(
-                            cell=cell_name(sub.notebooks.get(notebook), cell),
-                            line=line,
-                            reason=stop.reason,
-                        )
-                    )
-                case OnNotebook(notebook):  # every exercise left to this loop is in it
-                    for ex, names in shares.open(loop, collected).items():
-                        if helper is None or any(shares.owner.get((ex, n)) is loop for n in names):
-                            collected.stopped[ex] = _("while loading {notebook}, {reason}").format(
-                                notebook=notebook, reason=stop.reason
-                            )
-                    if helper is not None:
-                        return  # a helper is extra: the first loop runs what it has not taken
-                case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
-                    stopped = {"stopped": stop.reason}
-                    if stop.limit == PROCESSOR_TIME:  # (see grader.judge.timing)
-                        stopped["limit"] = PROCESSOR_TIME
-                    collected.outcomes.setdefault(exercise, {})[case] = stopped
-                case OnExercise(exercise):
-                    collected.stopped[exercise] = stop.reason
-                case None if stop.reason:
-                    if (first := first_left(plans)) is not None:
-                        collected.stopped[first] = stop.reason
+            if not take_stop(stop, sub, shares, loop, helper, collected, plans):
+                return  # a helper is extra: the first loop runs what it has not taken
             progress = collected.progress(exercises)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
                 # Nothing ran, and it ended well: stuck, unless other loops took the rest.
-                if (first := first_left(plans)) is not None:
+                if (first := first_left(shares, loop, collected, plans)) is not None:
                     collected.stopped[first] = _("the grading process ended without a report")
             todo = shares.open(loop, collected)
+
+
+def copy_submission(sub: Submission, scratch: Path) -> None:
+    """Fill a loop's `scratch` folder: the submission's notebooks, and a folder for temporary
+    files; only this process's user may enter it."""
+    (scratch / "submission").mkdir()
+    for name, path in sub.notebooks.items():
+        shutil.copyfile(path, scratch / "submission" / name)
+    scratch.chmod(0o700)
+    (scratch / "tmp").mkdir()
+
+
+def first_left(shares: Shares, loop: object, collected: Collected, plans: dict) -> str | None:
+    """Return the first exercise of `plans` with cases still left to `loop`."""
+    left = shares.open(loop, collected)
+    return next((ex for ex in plans if ex in left), None)
+
+
+def take_stop(
+    stop: Stop,
+    sub: Submission,
+    shares: Shares,
+    loop: object,
+    helper: object | None,
+    collected: Collected,
+    plans: dict,
+) -> bool:
+    """Record in `collected` where a child of `loop` stopped and why, so that the next child
+    carries on (see the module docstring). Return False when the loop is to end: a `helper`
+    whose notebook could not be loaded."""
+    match stop.on:
+        case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
+            collected.skip.setdefault(notebook, []).append([cell, line])
+            collected.skip_notes.setdefault(notebook, []).append(
+                _("{cell}, line {line}: skipped, because {reason} while running it").format(
+                    cell=cell_name(sub.notebooks.get(notebook), cell),
+                    line=line,
+                    reason=stop.reason,
+                )
+            )
+        case OnNotebook(notebook):  # every exercise left to this loop is in it
+            for ex, names in shares.open(loop, collected).items():
+                if helper is None or any(shares.owner.get((ex, n)) is loop for n in names):
+                    collected.stopped[ex] = _("while loading {notebook}, {reason}").format(
+                        notebook=notebook, reason=stop.reason
+                    )
+            if helper is not None:
+                return False
+        case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
+            stopped = {"stopped": stop.reason}
+            if stop.limit == PROCESSOR_TIME:  # (see grader.judge.timing)
+                stopped["limit"] = PROCESSOR_TIME
+            collected.outcomes.setdefault(exercise, {})[case] = stopped
+        case OnExercise(exercise):
+            collected.stopped[exercise] = stop.reason
+        case None if stop.reason:
+            if (first := first_left(shares, loop, collected, plans)) is not None:
+                collected.stopped[first] = stop.reason
+    return True
