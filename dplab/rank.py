@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dplab.launched import GroupNotFormed
+from dplab.processes import end_with_parent
 
 # ---- inside a rank -------------------------------------------------------------------------
 
@@ -171,10 +172,13 @@ def run_rank(*arguments: Any) -> None:
 def fork_rank(body: Callable[..., None], *arguments: Any) -> int:
     """Fork one rank, which runs `body(*arguments)` (`run_rank` for a launch) and ends with it;
     return its process id. The grading fence lets this function, and no other, start the
-    processes of a group (grader.sandbox.fence)."""
+    processes of a group (grader.sandbox.fence). A rank ends with the process that forked it,
+    even one killed by `kill -9`."""
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
+            end_with_parent(parent)
             body(*arguments)
         finally:
             os._exit(1)  # a body ends its process itself: this is for one that returned

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import labtext
+from dplab.processes import end_with_parent
 from grader.api import Case, Context, Student
 from grader.base.tampering import Snapshot, watched_objects
 from grader.load.notebook import NotebookError, load_cells, load_notebook
@@ -238,5 +239,8 @@ class Exercises:
                 self.channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # started afresh: python -m grader.sandbox.child REQUEST GRADER_PID
+    # No fork server stops a child started afresh: it ends with the grader, even one killed
+    # by `kill -9` or for memory (its ranks end with it: dplab.rank.fork_rank).
+    end_with_parent(int(sys.argv[2]))
     main(sys.argv[1])

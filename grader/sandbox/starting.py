@@ -152,6 +152,7 @@ def start_child(
                 "-m",
                 "grader.sandbox.child",
                 str(request),
+                str(os.getpid()),
             ],
             cwd=scratch,
             env=env,
