@@ -26,7 +26,8 @@ from grader import settings  # noqa: E402
 from grader.front import warm_server  # noqa: E402
 from grader.sandbox import forkserver  # noqa: E402
 
-if sys.argv[1:2] in (["check"], ["grade"]) and settings.START.get() != "spawn":
+fast = settings.fast_path() and settings.START.get() != "spawn"
+if sys.argv[1:2] in (["check"], ["grade"]) and fast:
     # The command runs in a session of the warm fork server, which has imported torch and
     # the checks already (see grader.front.warm_server), where one answers.
     code = warm_server.run_warm(sys.argv)

@@ -16,6 +16,13 @@ START = Setting(
     "how grading children start: fork (from the fork server), spawn (a new Python each), or "
     "auto (fork unless a GPU is visible)",
 )
+FAST = Setting(
+    "GRADER_FAST",
+    "on",
+    "off: grade by the plain path alone, as a check on the fast one (the same verdicts, more "
+    "time): children started afresh, no warm server, no helper children, no extra child while "
+    "cores sit idle",
+)
 FENCE = Setting(
     "GRADER_FENCE",
     "",
@@ -42,8 +49,15 @@ ALL = (
     SOLUTIONS,
     SEED,
     START,
+    FAST,
     FENCE,
     WARM_DIR,
     WARM_SECONDS,
     RUNTIME_DIR,
 )
+
+
+def fast_path() -> bool:
+    """Whether the fast path may be taken (GRADER_FAST): the fork server, the warm server,
+    helper children and extra children on idle cores. Without it, every verdict is the same."""
+    return FAST.get().strip().lower() != "off"

@@ -137,11 +137,8 @@ def moved(function: str, exercise, release: Path) -> str:
     return head + "\n".join(body) + "\n"
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    if not SEEDS.is_dir():
-        pytest.skip(f"the seed notes are not here ({SEEDS})")
-    root = tmp_path_factory.mktemp("seeds")
+def write_seed_class(root: Path) -> None:
+    """Write a submission of each seed under `root`, in each release (English, Chinese)."""
     for suffix, release in RELEASES.items():
         by_seed: dict[str, dict[str, dict[str, str]]] = {}
         for seed, exercise_id, which in MOVED:
@@ -155,6 +152,14 @@ def graded(tmp_path_factory):
             for notebook in MANIFEST.notebooks:
                 nb = filled_in(release / notebook, notebooks.get(notebook, {}))
                 (folder / notebook).write_text(json.dumps(nb), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if not SEEDS.is_dir():
+        pytest.skip(f"the seed notes are not here ({SEEDS})")
+    root = tmp_path_factory.mktemp("seeds")
+    write_seed_class(root)
     out = root / "report.json"
     proc = subprocess.run(
         [python(), "-m", "grader", "grade", str(root), "--jobs", "2", "--json", str(out)],

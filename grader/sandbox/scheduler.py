@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from grader import settings
 from grader.api import Case
 from grader.sandbox.collected import Collected
 
@@ -152,7 +153,10 @@ class SpareCores:
 
     def idle(self, share: float = SPARE_SHARE) -> bool:
         """Return True if, since the last look at least LOOK_SECONDS ago, `share` of a core
-        was idle on average; such a look starts the count anew (so one more at a time)."""
+        was idle on average; such a look starts the count anew (so one more at a time). Never
+        without the fast path (GRADER_FAST=off)."""
+        if not settings.fast_path():
+            return False
         with self.lock:
             now = self.read()
             if now is None or self.last is None:

@@ -88,8 +88,11 @@ def child_environment(scratch: Path, threads: int) -> dict[str, str]:
 
 def start_mode() -> str:
     """Return how children start: "fork" (from the warm fork server) or "spawn" (a new
-    Python each). `GRADER_START` chooses; by default, fork unless a CUDA device is visible."""
+    Python each). `GRADER_START` chooses; by default, fork unless a CUDA device is visible.
+    Without the fast path (GRADER_FAST=off), always spawn."""
     asked = settings.START.get().strip().lower()
+    if not settings.fast_path():
+        return "spawn"
     if asked in ("fork", "spawn"):
         return asked
     return "spawn" if torch.cuda.device_count() > 0 else "fork"
