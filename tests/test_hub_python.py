@@ -205,6 +205,7 @@ def test_a_lab_that_ends_as_it_starts_tells_the_student_at_once(hub, ann):
     assert "Your lab stopped while it was starting (status 3)" in page.text, page.text[-2000:]
     assert "Spawner failed" not in page.text and "Unhandled error" not in page.text
     assert waited < lab_hub_http_timeout(), "the student waited out the hub's own timeout"
+    print(f"the student read why the lab stopped {waited:.1f} s after asking for it")
     log = hub.log_text()
     assert "the lab of cy" in log and "ended with status 3 before it listened" in log, log[-3000:]
     assert "start-lab: a broken lab, for the test" in log  # its own output, as the log says
