@@ -1,4 +1,5 @@
-"""dplab: the small runtime library of the multi-GPU lab.
+"""dplab: the small runtime library of the multi-GPU lab, which notebooks import as the book's
+`d2l`. It imports torch, torchvision and labtext, and nothing of the grader.
 
 It has the helpers that the book's `d2l` package gives these two sections, in both editions
 (2.0's `try_gpu` and 1.0's `gpu`, either form of `Residual`), written plainly so you can read

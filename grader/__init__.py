@@ -1,4 +1,5 @@
-"""The lab's grader: checks for every exercise, and the tools that run them.
+"""The lab's grader: checks for every exercise, and the tools that run them. Its folders are
+layers (docs/architecture.md): each imports only those below it, and dplab and labtext.
 
 In a notebook:  from grader import check; check("allreduce", allreduce)
 In a shell:     python -m grader check exercises/multigpu/from_scratch.ipynb --exercise allreduce

@@ -241,6 +241,22 @@ def test_no_function_is_over_60_lines():
     assert not long, f"functions over 60 lines: {long}"
 
 
+def test_every_folder_says_what_it_is_for_and_what_it_may_import():
+    """Each package's docstring opens with a paragraph of two to five lines that says what it
+    is for and what it may import; hub/, not a package, says it in its README."""
+    unsaid = {}
+    for package in PACKAGES:
+        for init in sorted((REPO / package).rglob("__init__.py")):
+            doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+            first = doc.split("\n\n")[0].splitlines()
+            if not 2 <= len(first) <= 5 or "import" not in " ".join(first).lower():
+                unsaid[str(init.parent.relative_to(REPO))] = first
+    readme = (REPO / "hub" / "README.md").read_text(encoding="utf-8").split("\n\n")
+    if not 2 <= len(readme[1].splitlines()) <= 5 or "import" not in readme[1].lower():
+        unsaid["hub"] = readme[1]
+    assert not unsaid, unsaid
+
+
 def test_no_file_is_over_500_lines():
     long = {
         str(path.relative_to(REPO)): n

@@ -1,4 +1,5 @@
 """Stand-in devices: `sim:0`, `sim:1`, ... that behave like separate GPUs on one machine.
+The bottom of dplab: it imports torch alone.
 
 Each stand-in tensor is a thin wrapper around an ordinary tensor on the backing device (the
 CPU, or the one GPU if there is one), plus the number of the stand-in it lives on. Every

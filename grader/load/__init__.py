@@ -1,1 +1,3 @@
-"""Load: find a submission, its notebooks, and the reference solutions."""
+"""Load: find a submission, its notebooks, and the reference solutions, and run a notebook's
+definitions without its training. Imports the vocabulary below it (manifest, base), dplab and
+labtext."""

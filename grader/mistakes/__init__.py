@@ -1,4 +1,5 @@
-"""The catalogue of known wrong implementations, one module per exercise.
+"""The catalogue of known wrong implementations, one module per exercise, out of the
+students' image. Each module imports this package alone.
 
 Each `Mistake` is the source of a wrong function, the check it must fail, words its hint
 must contain, and words no hint of its exercise may show (hints of mistakes it did not

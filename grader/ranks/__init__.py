@@ -1,5 +1,6 @@
 """Run a case in every process of a fresh process group, and note the torch.distributed calls
-the student's code makes there. The checks of the distributed notebook share it.
+the student's code makes there. The checks of the distributed notebook share it. It imports
+dplab's launcher and the grader's base.
 
 A case calls `in_every_size(factory, student)` (groups.py): for each group size,
 `factory(student)()` runs in each process of a new group of processes forked from the grading

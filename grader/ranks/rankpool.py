@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from dplab.launched import Launched, LaunchError
+from dplab.processes import processor_seconds
 from dplab.rank import fork_rank, leave_error, one_run
-from dplab.rank_watch import Group, processor_seconds
+from dplab.rank_watch import Group
 from grader.ranks.side_by_side import not_formed, side_by_side
 from labtext import _
 

@@ -1,1 +1,2 @@
-"""Report: results per check and exercise, and the files they are written to."""
+"""Report: results per check and exercise, and the files they are written to (JSON, CSV,
+Gradescope, the gradebook, text). Imports the judge's results and labtext."""
