@@ -5,8 +5,10 @@ hold the memory that the grader's own report needs (Gradescope's `results.json`)
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,8 +63,9 @@ def test_a_grader_killed_mid_grade_leaves_no_process_behind(start, tmp_path):
     (submission / "distributed.ipynb").write_bytes(
         (REPO / "solutions" / "multigpu" / "distributed.ipynb").read_bytes()
     )
-    warm = tmp_path / "warm"
-    warm.mkdir(mode=0o700)
+    # The warm server's socket lies in this folder: a short path (a Unix socket's is limited
+    # to 108 bytes, which pytest's temporary folders under xdist can pass).
+    warm = Path(tempfile.mkdtemp(prefix="killed-"))
     env = dict(
         os.environ,
         GRADER_START="spawn" if start == "spawn" else "fork",
@@ -73,7 +76,9 @@ def test_a_grader_killed_mid_grade_leaves_no_process_behind(start, tmp_path):
     if start == "warm":  # a first grade starts the warm server, which the next runs in
         first = [*command[:-1], "first.json"]  # (a report's graded submissions are kept)
         subprocess.run(first, cwd=tmp_path, env=env, capture_output=True, timeout=600)
-        (server,) = (p for p in tree(1) if b"--warm " + str(warm).encode() in _cmdline(p))
+        servers = [p for p in tree(1) if b"--warm " + str(warm).encode() in _cmdline(p)]
+        assert len(servers) == 1, f"the first grade left {len(servers)} warm servers, not one"
+        server = servers[0]
     grader = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)  # fmt: skip
     top = server if start == "warm" else grader.pid
@@ -104,6 +109,7 @@ def test_a_grader_killed_mid_grade_leaves_no_process_behind(start, tmp_path):
         if start == "warm":
             with contextlib.suppress(OSError):
                 os.kill(server, signal.SIGTERM)
+        shutil.rmtree(warm, ignore_errors=True)
 
 
 def _cmdline(pid: int) -> bytes:
