@@ -204,20 +204,14 @@ def test_a_lab_that_ends_as_it_starts_tells_the_student_at_once(hub, ann):
         start_lab.write_bytes(kept)
     assert "Your lab stopped while it was starting (status 3)" in page.text, page.text[-2000:]
     assert "Spawner failed" not in page.text and "Unhandled error" not in page.text
-    assert waited < lab_hub_http_timeout(), "the student waited out the hub's own timeout"
     print(f"the student read why the lab stopped {waited:.1f} s after asking for it")
     log = hub.log_text()
     assert "the lab of cy" in log and "ended with status 3 before it listened" in log, log[-3000:]
+    assert "never showed up" not in log  # JupyterHub's own timeout was not what ended it
     assert "start-lab: a broken lab, for the test" in log  # its own output, as the log says
     assert not account_exists(account)
     cy.start_lab()  # mended, it starts
     assert account_exists(account)
-
-
-def lab_hub_http_timeout() -> float:
-    """The hub's Spawner.http_timeout, as hub/jupyterhub_config.py sets it."""
-    config = (REPO / "hub" / "jupyterhub_config.py").read_text()
-    return float(config.split("c.Spawner.http_timeout = ", 1)[1].split()[0])
 
 
 # ---- the spawner's own bookkeeping, without a hub ----------------------------------------
