@@ -33,7 +33,7 @@ def where_from(dump: str, keep: int = 3) -> str:
         return ""
     own = [f for f in frames if not any(part in f for part in LIBRARY_PARTS)][:keep]
     called = _("; from ").join(own) if own else frames[0]
-    if "distributed" in frames[0] and " in " in frames[0]:
+    if f"{os.sep}torch{os.sep}distributed{os.sep}" in frames[0] and " in " in frames[0]:
         return _("waiting in torch.distributed's {call}, called from {frames}").format(
             call=frames[0].rsplit(" in ", 1)[1], frames=called
         )
@@ -277,6 +277,11 @@ class Group:
 # What gloo says when the process at the other end of a connection has gone.
 PEER_GONE = (b"Connection closed by peer", b"Connection reset by peer", b"Read error")
 IDLE_SHARE = 0.05  # ranks that use less than this share of one core are waiting, not computing
+# Ranks whose threads want a processor (run, wait for one, or wait on the disk) this share of
+# the time or more are slow, not stuck: kept from a processor (a container's CPU quota, a busy
+# machine) or reading pages back on a machine short of memory. Waiting ranks want far less,
+# though on a busy machine each of their brief wake-ups waits its turn for a processor.
+STARVED_SHARE = 0.5
 # Ranks whose threads have neither run nor waited for a processor for this long (a busy machine
 # keeps them waiting), and that run no Python when asked to, wait inside torch.distributed for
 # each other: a deadlock, called before idle_timeout.
@@ -286,11 +291,14 @@ DEMAND_SECONDS = 0.1  # how often the parent reads what the waiting ranks' threa
 STACK_SECONDS = 0.3  # the longest a deadlocked rank is given to write its stack (see where)
 
 
-def quiet(then: tuple[float, float, float], later: tuple[float, float, float]) -> bool:
+def quiet(
+    then: tuple[float, float, float], later: tuple[float, float, float], wanted=IDLE_SHARE
+) -> bool:
     """Return True if, between two readings (wall clock, demand, processor time), the ranks
-    computed next to nothing and their threads hardly wanted to run (see Group.demand)."""
-    most = IDLE_SHARE * (later[0] - then[0])
-    return later[2] - then[2] < most and later[1] - then[1] < most
+    computed next to nothing and their threads wanted to run less than `wanted` of the time
+    (see Group.demand)."""
+    seconds = later[0] - then[0]
+    return later[2] - then[2] < IDLE_SHARE * seconds and later[1] - then[1] < wanted * seconds
 
 
 def busy_machine() -> float:
@@ -310,43 +318,46 @@ def _accelerator_here() -> bool:
 
 class _Stillness:
     """What watch_group remembers between its looks at a group, to tell whether the ranks
-    are stuck: idle for idle_timeout seconds, or deadlocked (found early, see `deadlock`)."""
+    are stuck: idle for idle_timeout seconds, or deadlocked (found early, see `deadlock`).
+    Idle means the ranks computed next to nothing and were not starved (STARVED_SHARE)."""
 
     def __init__(self, group: Group, idle_timeout: float) -> None:
         self.group, self.idle_timeout = group, idle_timeout
-        self.readings: list[tuple[float, float]] = []  # (wall clock, processor time of the ranks)
         self.early = bool(idle_timeout) and idle_timeout > QUIET_SECONDS and not _accelerator_here()
-        self.demands: list[tuple[float, float, float]] = []  # (wall clock, demand, processor time)
+        # (wall clock, demand, processor time), read every DEMAND_SECONDS: those of the last
+        # idle_timeout seconds and of the last QUIET_SECONDS (each with the one before them).
+        self.readings: list[tuple[float, float, float]] = []
+        self.demands: list[tuple[float, float, float]] = []
         # When the waiting ranks were asked to answer, and the reading they were quiet since.
         self.asked: tuple[float, tuple[float, float, float]] | None = None
 
-    def idle(self, now: float, cpu: float) -> bool:
-        """Return True if the ranks computed next to nothing over the last idle_timeout s."""
-        self.readings.append((now, cpu))
+    def look(self, now: float, cpu: float) -> None:
+        """Take a reading of the ranks, at most every DEMAND_SECONDS."""
+        if not self.readings or now - self.readings[-1][0] >= DEMAND_SECONDS:
+            reading = (now, self.group.demand(), cpu)
+            self.readings.append(reading)
+            self.demands.append(reading)
+        quiet_span = QUIET_SECONDS * busy_machine()  # a loaded machine stretches every wait
+        for kept, span in ((self.readings, self.idle_timeout), (self.demands, quiet_span)):
+            while len(kept) > 2 and kept[1][0] <= now - span:
+                kept.pop(0)
+
+    def idle(self) -> bool:
+        """Return True if the ranks hardly ran or wanted to over the last idle_timeout s."""
         # Waiting ranks are not quite still (a library may wake up now and then): they are
         # stuck when, over the last idle_timeout seconds, they computed next to nothing.
-        while len(self.readings) > 2 and self.readings[1][0] <= now - self.idle_timeout:
-            self.readings.pop(0)
-        window_start, cpu_then = self.readings[0]
-        return bool(
-            self.idle_timeout
-            and now - window_start >= self.idle_timeout
-            and cpu - cpu_then < IDLE_SHARE * (now - window_start)
+        first, last = self.readings[0], self.readings[-1]
+        return bool(self.idle_timeout and last[0] - first[0] >= self.idle_timeout) and quiet(
+            first, last, STARVED_SHARE
         )
 
-    def deadlock(self, now: float, cpu: float) -> float | None:
+    def deadlock(self, now: float) -> float | None:
         """Return how many seconds the waiting ranks have been quiet if they are deadlocked,
         found before idle_timeout: their threads hardly wanted to run for QUIET_SECONDS and
         then none of them ran Python when asked to. Otherwise None."""
         if not self.early:
             return None
-        group, demands = self.group, self.demands
-        # The readings of the last QUIET_SECONDS, and the one just before them.
-        if not demands or now - demands[-1][0] >= DEMAND_SECONDS:
-            demands.append((now, group.demand(), cpu))
-        slow = busy_machine()  # a loaded machine stretches every wait
-        while len(demands) > 2 and demands[1][0] <= now - QUIET_SECONDS * slow:
-            demands.pop(0)
+        group, demands, slow = self.group, self.demands, busy_machine()
         waiting = [r for r in group.running if not group.returned(r)]
         if not waiting:
             self.asked = None
@@ -357,7 +368,7 @@ class _Stillness:
         elif now - self.asked[0] >= ANSWER_SECONDS * slow:
             if group.answered(waiting):
                 self.early = False  # it sleeps in Python (time.sleep): idle_timeout decides
-            elif quiet(self.asked[1], (now, group.demand(), cpu)):
+            elif quiet(self.asked[1], demands[-1]):
                 return now - self.asked[1][0]
             else:
                 self.asked = None
@@ -438,10 +449,11 @@ def watch_group(
         if grace_until is not None and now > grace_until:
             break
         cpu = group.cpu()
-        stuck = stillness.idle(now, cpu)
+        stillness.look(now, cpu)
+        stuck = stillness.idle()
         quiet_for = idle_timeout
         if not stuck and grace_until is None:
-            deadlocked_for = stillness.deadlock(now, cpu)
+            deadlocked_for = stillness.deadlock(now)
             if deadlocked_for is not None:
                 stuck, quiet_for = True, deadlocked_for
         if cpu_limit and cpu > cpu_limit:

@@ -4,6 +4,7 @@ The launcher runs real process groups on gloo over this machine's loopback; the 
 trains LeNet with the reference `train_ddp` in two processes and replays the run in one.
 """
 
+import contextlib
 import functools
 import io
 import os
@@ -26,7 +27,7 @@ import dplab.rank_watch
 import grader.ranks.rankpool
 from dplab.devices import num_gpus
 from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
-from dplab.rank_watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet
+from dplab.rank_watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet, where_from
 from grader.checks.train_ddp import plain_state, replay_on, training_steps
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
@@ -283,6 +284,72 @@ def test_a_thread_kept_waiting_for_a_processor_counts_as_wanting_to_run(monkeypa
     assert wanted_after(1.0) == pytest.approx({STARVED: 0.902, SLEEPER: 0.0})
     # Then it did not run at all, waiting all along (the kernel has not added that wait yet).
     assert wanted_after(1.0) == pytest.approx({STARVED: 1.0, SLEEPER: 0.0})
+
+
+def cpu_quota(share: float) -> Path | None:
+    """Make a control group whose processes share `share` of one core between them (the CPU
+    quota of a container, as on Gradescope); return the file that a process writes its pid
+    to, to join it. None where this machine lets no one make one (not root, say)."""
+    period = 100_000
+    quota = max(1000, int(share * period))  # the kernel's least quota is 1 ms per period
+    v2 = Path("/sys/fs/cgroup")
+    controllers = v2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        group, limit, value = v2 / f"dplab-quota-{os.getpid()}", "cpu.max", f"{quota} {period}"
+    else:
+        group, limit = v2 / "cpu" / f"dplab-quota-{os.getpid()}", "cpu.cfs_quota_us"
+        value = str(quota)
+    try:
+        group.mkdir(exist_ok=True)
+        (group / limit).write_text(value)
+    except OSError:
+        return None
+    return group / "cgroup.procs"
+
+
+def computes_in_a_quota(procs: Path, seconds: float):
+    """Join the quota's group and use `seconds` of processor time there; then leave it (for
+    gloo's and the launcher's own steps) and sum the ranks."""
+    procs.write_text(str(os.getpid()))
+    began = time.process_time()
+    while time.process_time() - began < seconds:
+        sum(range(10_000))
+    (procs.parent.parent / "cgroup.procs").write_text(str(os.getpid()))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_ranks_starved_by_a_cpu_quota_are_slow_not_deadlocked():
+    """Ranks in a container whose CPU quota is shared by many processes (Gradescope's half
+    core, say) compute for a moment now and then, far less than an idle limit allows, yet
+    want a processor all the time: they are slow, and finish. Here two ranks share 2% of a
+    core for 0.05 s of work each, some 5 s, with an idle limit of 2 s."""
+    procs = cpu_quota(0.02)
+    if procs is None:
+        pytest.skip("making a CPU quota's control group needs root (or a delegated cgroup)")
+    try:
+        work = functools.partial(computes_in_a_quota, procs, 0.05)
+        done = launch(work, nprocs=2, idle_timeout=2, show=False)
+    finally:
+        with contextlib.suppress(OSError):
+            procs.parent.rmdir()
+    assert done.results == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_a_rank_computing_in_a_notebook_named_distributed_is_not_said_to_wait_in_torch():
+    """Where a stuck rank is: in torch.distributed's call only when the innermost frame is
+    torch.distributed's own, not when the student's notebook is distributed.ipynb."""
+    torch_file = os.path.join("site-packages", "torch", "distributed", "distributed_c10d.py")
+    waiting = (
+        f'  File "{torch_file}", line 2501 in all_reduce\n'
+        '  File "<distributed.ipynb, cell `train_ddp-solution`>", line 29 in train_ddp\n'
+    )
+    computing = '  File "<distributed.ipynb, cell `train_ddp-solution`>", line 26 in train_ddp\n'
+    assert where_from(waiting).startswith("waiting in torch.distributed's all_reduce, called from")
+    assert where_from(computing) == (
+        'File "<distributed.ipynb, cell `train_ddp-solution`>", line 26 in train_ddp'
+    )
 
 
 def skips_the_all_reduce():
