@@ -22,13 +22,14 @@ from pathlib import Path
 
 import labtext
 from grader.base.check_devices import DEVICES
+from grader.base.protocol import Note
 from grader.judge.registry import exercise_checks, narrowed
-from grader.judge.results import SubmissionResult, submission_result
+from grader.judge.results import ExerciseResult, SubmissionResult, submission_result
 from grader.judge.timing import time_against_the_reference
 from grader.judge.verdicts import judge_reported, not_checked
 from grader.load.reference import available, reference
 from grader.load.submission import Submission, find_submission, unfit_by_notebook
-from grader.manifest import load_manifest
+from grader.manifest import Exercise, load_manifest
 from grader.sandbox.collected import Limits, Phases
 from grader.sandbox.starting import stop_all_children
 from grader.sandbox.supervisor import run_isolated
@@ -96,14 +97,22 @@ def grade_submission(
     phases: Phases | None = None,
     only_checks: set[str] | None = None,
     side_by_side: int | Callable[[], int] | None = None,
+    notes_about: list[Exercise] | None = None,
 ) -> SubmissionResult:
     """Grade one submission end to end and return its result (adding the time each phase
     took to `phases`, if given). `only_checks` keeps the checks of these names (and those
     they come after), and runs only their cases. `side_by_side` notebooks are graded at once
     (a number, or a function that says it now; by default, as many as there are cores).
-    Its messages are in the submission's language (`sub.language`)."""
+    `notes_about` keeps only the notes about those exercises' cells (a student's check of
+    one exercise). Its messages are in the submission's language (`sub.language`)."""
     with labtext.speaking(sub.language):
-        return _graded(sub, seed, hidden, limits, threads, phases, only_checks, side_by_side)
+        results, notes = _graded(
+            sub, seed, hidden, limits, threads, phases, only_checks, side_by_side
+        )
+    if notes_about is not None:
+        notes = [n for n in notes if any(n.about(ex.id, ex.function) for ex in notes_about)]
+    result = submission_result(sub.id, str(sub.path), results, [n.text for n in notes])
+    return dataclasses.replace(result, language=sub.language)
 
 
 def _graded(
@@ -115,7 +124,8 @@ def _graded(
     phases: Phases | None,
     only_checks: set[str] | None,
     side_by_side: int | Callable[[], int] | None,
-) -> SubmissionResult:
+) -> tuple[list[ExerciseResult], list[Note]]:
+    """Return the exercises' results, and the notes of the submission and its notebooks."""
     sub_seed = submission_seed(sub.id, seed)
     limits = limits or Limits()
     threads = threads or default_threads()
@@ -143,13 +153,11 @@ def _graded(
         for ex in sub.exercises
     ]
     collected.phases.add("judging", time.monotonic() - judging)
-    notes = list(sub.notes)
+    notes = [Note("submission", note) for note in sub.notes]
     for name in sorted(set(collected.notes) | set(collected.skip_notes)):
         items = collected.skip_notes.get(name, []) + collected.notes.get(name, [])
-        notes += [f"{name}: {item}" for item in items]
-    return dataclasses.replace(
-        submission_result(sub.id, str(sub.path), results, notes), language=sub.language
-    )
+        notes += [dataclasses.replace(item, text=f"{name}: {item.text}") for item in items]
+    return results, notes
 
 
 def select_exercises(sub: Submission, exercises: list[str] | None) -> Submission:

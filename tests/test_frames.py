@@ -8,6 +8,18 @@ import struct
 import pytest
 import torch
 
+from grader.base.protocol import (
+    REPLIES,
+    CaseDone,
+    CaseOutcome,
+    ExerciseDone,
+    Go,
+    HeldCells,
+    Loaded,
+    Note,
+    from_plain,
+    to_plain,
+)
 from grader.sandbox.frames import DTYPES, JSON_FRAME, TENSOR_KEY, FrameReader, decode, encode
 
 
@@ -92,14 +104,50 @@ def test_a_frame_that_lies_about_its_tensors_breaks_the_channel(tensors, raw, na
     assert reader.broken == "a message from the grading process could not be read"
 
 
-def test_frames_split_across_reads_come_out_whole_and_in_order():
+def case_done(i: int) -> CaseDone:
+    return CaseDone("allreduce", f"case{i}", CaseOutcome(f"case{i}", value=torch.full((1000,), i)))
+
+
+def test_frames_split_across_reads_come_out_whole_in_order_and_typed():
     reader = FrameReader("n")
-    data = b"".join(
-        encode({"nonce": "n", "seq": i, "kind": "case", "value": torch.full((1000,), float(i))})
-        for i in range(3)
-    )
+    data = b"".join(encode({"nonce": "n", "seq": i, **to_plain(case_done(i))}) for i in range(3))
     frames = []
     for start in range(0, len(data), 777):
         frames += reader.feed(data[start : start + 777])
-    assert [f["seq"] for f in frames] == [0, 1, 2] and not reader.broken
-    assert all(torch.equal(f["value"], torch.full((1000,), float(f["seq"]))) for f in frames)
+    assert not reader.broken
+    assert [type(f) for f in frames] == [CaseDone] * 3
+    assert [f.case for f in frames] == ["case0", "case1", "case2"]
+    assert all(torch.equal(f.outcome.value, torch.full((1000,), i)) for i, f in enumerate(frames))
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"kind": "launch", "exercise": "allreduce"},  # a kind the protocol has not
+        {"kind": "case", "exercise": "allreduce", "case": "c"},  # no outcome
+        {"kind": "case", "exercise": "allreduce", "case": "c", "outcome": {"seconds": "1"}},
+        {"kind": "exercise-done", "exercise": "allreduce", "changed": "x"},  # not a list
+        {"kind": "statement", "notebook": "a.ipynb", "cell": 1, "line": 2.5},  # not an int
+        {"kind": "claim", "exercise": "allreduce", "case": "c", "go": True},  # a field too many
+    ],
+)
+def test_a_frame_that_is_not_a_message_of_the_protocol_breaks_the_channel(frame):
+    """Every field is read as its type: a frame with a field missing, of another type or
+    unknown is refused as a whole, as one that lies about its tensors is."""
+    reader = FrameReader("n")
+    assert reader.feed(encode({"nonce": "n", "seq": 0, **frame})) == []
+    assert reader.broken == "a message from the grading process could not be read"
+
+
+def test_messages_come_back_as_the_dataclasses_they_were():
+    outcome = CaseOutcome("c", held=False, error={"type": "ValueError"}, seconds=1, limit="x")
+    for message in (
+        Loaded("a.ipynb", [Note("raised", "cell `x`, line 1: raised", "cell `x`")], seconds=0.5),
+        ExerciseDone("allreduce", ["d2l"], "a.ipynb could not be loaded"),
+        CaseDone("allreduce", "c", outcome),
+    ):
+        assert from_plain(to_plain(message)) == message
+    assert from_plain(to_plain(HeldCells(None)), REPLIES) == HeldCells(None)
+    assert from_plain(to_plain(Go(True)), REPLIES) == Go(True)
+    with pytest.raises(ValueError):
+        from_plain(to_plain(Go(True)))  # a reply is not a frame

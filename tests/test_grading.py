@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from grader.base.protocol import CaseOutcome
 from grader.judge.registry import exercise_checks, exercise_points, narrowed
 from grader.manifest import load_manifest
 from grader.report.json_report import read_json
@@ -119,7 +120,9 @@ def judged_with(owner_fails: bool, owner_after: tuple[str, ...] = ()) -> dict:
     ]
     for c, name in zip(checks, ("first", "owner", "second"), strict=True):
         object.__setattr__(c, "name", name)
-    result = judge_exercise("ex", "fn", checks, {"nothing": {"value": None}}, Context(0), str)
+    result = judge_exercise(
+        "ex", "fn", checks, {"nothing": CaseOutcome("nothing")}, Context(0), str
+    )
     return {c.name: c for c in result.checks}
 
 
@@ -152,7 +155,7 @@ def test_a_check_that_cannot_see_its_property_is_not_judged_and_charges_nothing(
     (verdict,) = judge_verdicts(
         "fn",
         [check(nothing, points=2, hint="a hint")(blind)],
-        {"nothing": {"value": None}},
+        {"nothing": CaseOutcome("nothing")},
         Context(0),
         str,
     )
@@ -181,7 +184,9 @@ def test_a_failure_whose_owner_in_turn_names_another_keeps_its_points():
     ]
     for c, name in zip(checks, ("first", "owner", "second"), strict=True):
         object.__setattr__(c, "name", name)
-    result = judge_exercise("ex", "fn", checks, {"nothing": {"value": None}}, Context(0), str)
+    result = judge_exercise(
+        "ex", "fn", checks, {"nothing": CaseOutcome("nothing")}, Context(0), str
+    )
     got = {c.name: c for c in result.checks}
     assert result.score == 5 and not got["first"].passed
     for name in ("owner", "second"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.base.protocol import CaseOutcome
 from grader.grading import grade_path
 from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
@@ -171,7 +172,7 @@ def test_shares_give_each_case_to_the_loop_that_takes_it_first():
     left = {"allreduce": reduce_cases, "split_batch": split_but_last[:-1]}
     assert shares.open(first, collected) == left
     assert shares.untaken(collected) == {**left, "allreduce": reduce_cases[1:]}
-    collected.outcomes["allreduce"] = dict.fromkeys(reduce_cases, {})
+    collected.outcomes["allreduce"] = {case: CaseOutcome(case) for case in reduce_cases}
     collected.stopped["split_batch"] = "stopped"
     assert shares.open(first, collected) == {} and shares.helper(collected) is None
 

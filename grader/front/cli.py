@@ -10,9 +10,8 @@ import labtext
 from grader.front.grade_class import Outputs, expand, grade_class, one_slice
 from grader.grading import Limits, grade_submission, prefetch, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
-from grader.load.notebook import CELL, CELL_DEFINING
 from grader.load.submission import find_submission, unfit_notebooks
-from grader.manifest import Exercise, Manifest, load_manifest
+from grader.manifest import Manifest, load_manifest
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
@@ -261,24 +260,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def about(note: str, exercises: list[Exercise]) -> bool:
-    """Return True for a loading note about a cell of one of `exercises`: its solution or
-    check cell (by grade id), or the cell that defines its function (a note in any of the
-    lab's languages)."""
-
-    def said(message: str, **fields: str) -> set[str]:
-        return {labtext.translate(lang, message).format(**fields) for lang in labtext.LANGUAGES}
-
-    return any(
-        any(
-            name in note
-            for name in said(CELL, label=f"`{ex.id}-")
-            | said(CELL_DEFINING, name=f"`{ex.function}`")
-        )
-        for ex in exercises
-    )
-
-
 def run_check(args: argparse.Namespace) -> int:
     manifest = load_manifest()
     sub = select_exercises(find_submission(args.path, manifest), args.exercise)
@@ -289,10 +270,9 @@ def run_check(args: argparse.Namespace) -> int:
             for problem in unfit:
                 print(_("error: {error}").format(error=problem), file=sys.stderr)
             return 2
-        result = grade_submission(sub, hidden=False, limits=limits_of(args))
-        if args.exercise:  # notes about other exercises' cells are not this student's question
-            chosen = [manifest.exercise(e) for e in args.exercise]
-            result.notes = [note for note in result.notes if about(note, chosen)]
+        # Notes about other exercises' cells are not the question of a student who chose one.
+        chosen = [manifest.exercise(e) for e in args.exercise] if args.exercise else None
+        result = grade_submission(sub, hidden=False, limits=limits_of(args), notes_about=chosen)
         titles = {ex.id: ex.title for ex in manifest.exercises}
         totals = {ex.id: exercise_total(ex) for ex in manifest.exercises}
         print(render_submission(result, titles, totals))

@@ -15,6 +15,7 @@ import labtext
 from grader import settings
 from grader.api import Context, Student
 from grader.base.check_devices import DEVICES, grading_devices
+from grader.base.protocol import CaseOutcome
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
@@ -62,7 +63,7 @@ def _context(ex: Exercise, hidden: bool) -> Context:
     return Context(int(settings.SEED.get()), grading_devices(DEVICES), known)
 
 
-def _outcomes(ex: Exercise, namespace: dict, hidden: bool) -> dict:
+def _outcomes(ex: Exercise, namespace: dict, hidden: bool) -> dict[str, CaseOutcome]:
     """Run the cases of the exercise's public (or hidden) checks; return their outcomes."""
     checks = hidden_checks(ex) if hidden else public_checks(ex)
     student = Student(namespace, ex.function, "this notebook")
@@ -71,7 +72,9 @@ def _outcomes(ex: Exercise, namespace: dict, hidden: bool) -> dict:
         return run_checks(checks, student, _context(ex, hidden), held=known)
 
 
-def _run(ex: Exercise, namespace: dict, hidden: bool, public: dict) -> list[CheckResult]:
+def _run(
+    ex: Exercise, namespace: dict, hidden: bool, public: dict[str, CaseOutcome]
+) -> list[CheckResult]:
     """Judge the public checks on `public` (their outcomes), and with `hidden` the hidden
     ones too, together: a hidden check that fails for a cause a public one charges keeps its
     points here as in a grade."""

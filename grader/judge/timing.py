@@ -9,6 +9,7 @@ MARGIN times the reference's time; otherwise the message gives both times.
 from dataclasses import replace
 
 from grader.api import Check
+from grader.base.protocol import CaseOutcome
 from grader.load.reference import available
 from grader.load.submission import Submission
 from grader.manifest import solutions_dir
@@ -19,10 +20,10 @@ from grader.sandbox.watching import PROCESSOR_TIME
 MARGIN = 10  # a case may use this many times the reference's processor time
 
 
-def stopped_for_processor_time(outcome: dict) -> bool:
+def stopped_for_processor_time(outcome: CaseOutcome) -> bool:
     """Return True for a case stopped because it used up its processor time."""
-    error = outcome.get("error") or {}
-    return error.get("type") == "TimeLimit" or outcome.get("limit") == PROCESSOR_TIME
+    error = outcome.error or {}
+    return error.get("type") == "TimeLimit" or outcome.limit == PROCESSOR_TIME
 
 
 def time_against_the_reference(
@@ -44,10 +45,10 @@ def time_against_the_reference(
             timed = run_isolated(
                 ref, {ex.id: on_case}, seed, replace(limits, check_seconds=0), threads
             )
-            ref_outcome = timed.outcomes.get(ex.id, {}).get(case_name, {})
-            if "cpu_seconds" not in ref_outcome or "error" in ref_outcome:
+            ref_outcome = timed.outcomes.get(ex.id, {}).get(case_name)
+            if ref_outcome is None or ref_outcome.cpu_seconds is None or ref_outcome.raised:
                 continue
-            needed = float(ref_outcome["cpu_seconds"])
+            needed = ref_outcome.cpu_seconds
             if limits.check_seconds * threads < MARGIN * needed:  # the machine is the slow one
                 again = run_isolated(
                     sub,
@@ -58,5 +59,5 @@ def time_against_the_reference(
                 )
                 outcome = again.outcomes.get(ex.id, {}).get(case_name, outcome)
             if stopped_for_processor_time(outcome):
-                outcome = {**outcome, "reference_cpu": needed}
+                outcome = replace(outcome, reference_cpu=needed)
             collected.outcomes[ex.id][case_name] = outcome

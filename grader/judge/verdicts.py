@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from grader.api import Check, Context, Crash, Fail, Raised, Unobserved, raised_in
 from grader.base.check_devices import DEVICES, grading_devices
+from grader.base.protocol import CaseOutcome
 from grader.base.values import unpack
 from grader.judge.registry import diagnoser
 from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
@@ -109,15 +110,15 @@ def error_message(
     )
 
 
-def with_reference_time(message: str, outcome: dict) -> str:
+def with_reference_time(message: str, outcome: CaseOutcome) -> str:
     """Add to `message` how long the reference took on the same case, where the grader timed
     it."""
-    if "reference_cpu" not in outcome:
+    if outcome.reference_cpu is None:
         return message
     return _(
         "{message}; the reference solution needs {seconds} s of processor "
         "time on the same case on this machine"
-    ).format(message=message, seconds=f"{float(outcome['reference_cpu']):.1f}")
+    ).format(message=message, seconds=f"{outcome.reference_cpu:.1f}")
 
 
 @dataclass
@@ -142,7 +143,7 @@ class _Judging:
     """One check being judged from its case's outcome, and the failed verdicts it can give."""
 
     check: Check
-    outcome: dict | None
+    outcome: CaseOutcome | None
     function: str
     diagnose: Diagnose
 
@@ -151,7 +152,7 @@ class _Judging:
         check = self.check
         # Hints are translated here: a check's own, and the constants the checks modules
         # mark with N_ (one already translated has no msgid, and comes back as it is).
-        if check.case.holds and self.outcome is not None and self.outcome.get("held") is False:
+        if check.case.holds and self.outcome is not None and self.outcome.held is False:
             message = _(
                 "{message} (this ran with your own {names}; the grader holds them right with "
                 "the reference solution, so only this function counts there)"
@@ -230,7 +231,7 @@ class _Judging:
 
 def judge_check(
     check: Check,
-    outcome: dict | None,
+    outcome: CaseOutcome | None,
     ctx: Context,
     function: str,
     diagnose: Diagnose,
@@ -249,15 +250,14 @@ def judge_check(
                 ),
                 _("Fix `{check}` first.").format(check=before),
             )
-    if "stopped" in outcome:
-        stopped = str(outcome["stopped"])  # (said by the supervisor, in the reader's language)
-        return judging.failed(with_reference_time(_(stopped), outcome), LIMIT_HINT)
-    if "error" in outcome:  # the case itself raised: no call of the student's finished
-        verdict = judging.crashed(Raised.from_data(outcome["error"]), nothing_finished=True)
+    if outcome.stopped is not None:  # (said by the supervisor, in the reader's language)
+        return judging.failed(with_reference_time(_(outcome.stopped), outcome), LIMIT_HINT)
+    if outcome.error is not None:  # the case itself raised: no call of the student's finished
+        verdict = judging.crashed(Raised.from_data(outcome.error), nothing_finished=True)
         verdict.result.message = with_reference_time(verdict.result.message, outcome)
         verdict.observed = False
         return verdict
-    return judging.judged(unpack(outcome.get("value")), ctx)
+    return judging.judged(unpack(outcome.value), ctx)
 
 
 def says_the_same(one: str, other: str) -> bool:
@@ -294,7 +294,7 @@ def judge_exercise(
     exercise_id: str,
     function: str,
     checks: list[Check],
-    outcomes: dict[str, dict],
+    outcomes: dict[str, CaseOutcome],
     ctx: Context,
     diagnose: Diagnose,
     notes: list[str] | None = None,
@@ -308,7 +308,7 @@ def judge_exercise(
 def judge_verdicts(
     function: str,
     checks: list[Check],
-    outcomes: dict[str, dict],
+    outcomes: dict[str, CaseOutcome],
     ctx: Context,
     diagnose: Diagnose,
     missing: str = "",
@@ -385,7 +385,8 @@ def judge_reported(
         ).format(names=names)
     elif ex.id not in collected.outcomes:
         missing = _("{notebook} could not be loaded: {notes}").format(
-            notebook=ex.notebook, notes="; ".join(collected.notes.get(ex.notebook, []))
+            notebook=ex.notebook,
+            notes="; ".join(n.text for n in collected.notes.get(ex.notebook, [])),
         )
     ctx = Context(seed, grading_devices(DEVICES), reference(ex.notebook) if hidden else None)
     return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)

@@ -46,6 +46,7 @@ from dplab.notebook import (
     strip_magics as strip_magics,
 )
 from grader.base.printed import captured
+from grader.base.protocol import Note
 from grader.base.time_limit import TimeLimit, time_limit
 from labtext import N_, _
 
@@ -116,7 +117,7 @@ class Loaded:
 
     path: Path
     namespace: dict
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
 
 
 def load_notebook(
@@ -193,17 +194,17 @@ def _load_cells(
     for number, (raw, cell) in enumerate(zip(cells, names, strict=True), start=1):
         source, note = strip_magics(raw)
         if note:
-            loaded.notes.append(_("{cell}: {note}").format(cell=said_cell(cell), note=note))
+            said = _("{cell}: {note}").format(cell=said_cell(cell), note=note)
+            loaded.notes.append(Note("magic", said, cell))
         filename = f"<{path.name}, {cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             tree = ast.parse(source, filename=filename)
         except SyntaxError as error:
-            loaded.notes.append(
-                _(
-                    "{cell}: syntax error on line {line}: {error}; nothing in this cell was loaded"
-                ).format(cell=said_cell(cell), line=error.lineno, error=error.msg)
-            )
+            said = _(
+                "{cell}: syntax error on line {line}: {error}; nothing in this cell was loaded"
+            ).format(cell=said_cell(cell), line=error.lineno, error=error.msg)
+            loaded.notes.append(Note("syntax", said, cell))
             continue
         for statement in tree.body:
             if (number, statement.lineno) in skip_statements:
@@ -225,12 +226,11 @@ def _run_statement(
     where = {"cell": said_cell(cell), "line": statement.lineno}
     if called := calls_any(statement, skip_calls):
         if called not in NEVER_CALLED:
-            loaded.notes.append(
-                _(
-                    "{cell}, line {line}: did not run this call of {function}(...): "
-                    "the checks call it on tiny data"
-                ).format(**where, function=called)
-            )
+            said = _(
+                "{cell}, line {line}: did not run this call of {function}(...): "
+                "the checks call it on tiny data"
+            ).format(**where, function=called)
+            loaded.notes.append(Note("call-skipped", said, cell))
         return
     code = compile(ast.Module(body=[statement], type_ignores=[]), filename, "exec")
     printed = io.StringIO()
@@ -243,19 +243,17 @@ def _run_statement(
     except LaunchSkipped:
         pass  # a demo or training run in processes of its own: not for grading
     except TimeLimit:
-        loaded.notes.append(
-            _(
-                "{cell}, line {line}: stopped after {seconds} s (the time limit); loading went on"
-            ).format(**where, seconds=f"{seconds:g}")
-        )
+        said = _(
+            "{cell}, line {line}: stopped after {seconds} s (the time limit); loading went on"
+        ).format(**where, seconds=f"{seconds:g}")
+        loaded.notes.append(Note("stopped", said, cell))
     except (Exception, SystemExit) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         error_said = f"{type(error).__name__}: {message[:200]}" if message else type(error).__name__
-        loaded.notes.append(
-            _("{cell}, line {line}: raised {error} (loading went on)").format(
-                **where, error=error_said
-            )
+        said = _("{cell}, line {line}: raised {error} (loading went on)").format(
+            **where, error=error_said
         )
+        loaded.notes.append(Note("raised", said, cell))
 
 
 def cells_by_grade_id(path: Path) -> dict[str, dict]:

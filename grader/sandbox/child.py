@@ -30,6 +30,18 @@ import torch
 import labtext
 from dplab.processes import end_with_parent
 from grader.api import Case, Context, Student
+from grader.base.protocol import (
+    CaseDone,
+    CaseStart,
+    Claim,
+    ExerciseDone,
+    ExerciseStart,
+    Held,
+    Loaded,
+    Loading,
+    Note,
+    Statement,
+)
 from grader.base.tampering import Snapshot, watched_objects
 from grader.load.notebook import NotebookError, load_cells, load_notebook
 from grader.manifest import Exercise, load_manifest
@@ -48,8 +60,8 @@ def public_modules() -> set[str]:
 
 def held_cells(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> list[str]:
     """Ask the grader for the reference cells that `names` need (none: an empty list)."""
-    channel.send("held", exercise=exercise, names=sorted(names))
-    return [str(c) for c in read_reply(reply_fd, nonce).get("cells") or []]
+    channel.send(Held(exercise, sorted(names)))
+    return list(read_reply(reply_fd, nonce).cells or [])
 
 
 def run_reference_cells(cells: list[str]) -> dict:
@@ -60,8 +72,8 @@ def run_reference_cells(cells: list[str]) -> dict:
 
 def claimed(channel: Channel, reply_fd: int, nonce: str, exercise: str, case: str) -> bool:
     """Ask the grader whether this child may run a case (no other child has taken it)."""
-    channel.send("claim", exercise=exercise, case=case)
-    return bool(read_reply(reply_fd, nonce).get("go"))
+    channel.send(Claim(exercise, case))
+    return read_reply(reply_fd, nonce).go
 
 
 def resolve_case(origin: list[str]) -> Case:
@@ -84,7 +96,7 @@ def load(
     """Load a notebook of the submission, reporting each statement; return its namespace, or
     the error that kept it from loading."""
     manifest = load_manifest()
-    channel.send("loading", notebook=notebook)
+    channel.send(Loading(notebook))
     try:
         skip = frozenset(tuple(s) for s in request["skip"].get(notebook, []))
         started = time.perf_counter()
@@ -94,16 +106,12 @@ def load(
             module_name=f"submission_{Path(notebook).stem}",
             statement_seconds=limit,
             skip_statements=skip,
-            before_statement=lambda cell, line: channel.send(
-                "statement", notebook=notebook, cell=cell, line=line
-            ),
+            before_statement=lambda cell, line: channel.send(Statement(notebook, cell, line)),
         )
     except NotebookError as error:
-        channel.send("loaded", notebook=notebook, notes=[str(error)], failed=True)
+        channel.send(Loaded(notebook, [Note("unloadable", str(error))], failed=True))
         return error
-    channel.send(
-        "loaded", notebook=notebook, notes=result.notes, seconds=time.perf_counter() - started
-    )
+    channel.send(Loaded(notebook, result.notes, seconds=time.perf_counter() - started))
     return result.namespace
 
 
@@ -181,7 +189,7 @@ class Exercises:
     def run(self, exercise_id: str, ex: Exercise, plan: list[Planned]) -> None:
         """Run the cases of `plan` that this child claims for the exercise, and report."""
         if not plan:  # every case already ran in an earlier child
-            self.channel.send("exercise-done", exercise=exercise_id, changed=[])
+            self.channel.send(ExerciseDone(exercise_id))
             return
         # Each case is claimed just before it runs: while cores sit idle, another child may
         # be running the notebook's cases from the far end (grader.sandbox.supervisor).
@@ -191,22 +199,18 @@ class Exercises:
         first = next(mine, None)
         if first is None:
             return  # another child has taken them all
-        self.channel.send("exercise-start", exercise=exercise_id)
+        self.channel.send(ExerciseStart(exercise_id))
         namespace = self.notebook(ex.notebook)
         if isinstance(namespace, NotebookError):
-            self.channel.send(
-                "exercise-done",
-                exercise=exercise_id,
-                changed=[],
-                unloadable=_("{notebook} could not be loaded: {notes}").format(
-                    notebook=ex.notebook, notes=namespace
-                ),
+            unloadable = _("{notebook} could not be loaded: {notes}").format(
+                notebook=ex.notebook, notes=namespace
             )
+            self.channel.send(ExerciseDone(exercise_id, unloadable=unloadable))
             return
         student = Student(namespace, ex.function, ex.notebook)
         self.run_cases(exercise_id, student, plan, itertools.chain([first], mine))
         changed = self.before.changed()
-        self.channel.send("exercise-done", exercise=exercise_id, changed=changed)
+        self.channel.send(ExerciseDone(exercise_id, changed))
 
     def notebook(self, notebook: str) -> dict | NotebookError:
         """Return the namespace of `notebook`, loading it the first time (or the error that
@@ -234,9 +238,9 @@ class Exercises:
         in_ranks = reference_in_ranks(cells, held, holds) if held is not None else None
         with in_ranks or contextlib.nullcontext():
             for name, found, args in mine:
-                self.channel.send("case-start", exercise=exercise_id, case=name)
+                self.channel.send(CaseStart(exercise_id, name))
                 outcome = run_case(found.using(name), student, self.ctx, args, self.limit, held)
-                self.channel.send("case", exercise=exercise_id, case=name, outcome=outcome)
+                self.channel.send(CaseDone(exercise_id, name, outcome))
 
 
 if __name__ == "__main__":  # started afresh: python -m grader.sandbox.child REQUEST GRADER_PID

@@ -4,6 +4,8 @@ child was when it stopped."""
 import threading
 from dataclasses import dataclass, field
 
+from grader.base.protocol import CaseOutcome, Note
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -35,14 +37,12 @@ class Phases:
 class Collected:
     """What the children reported for one submission."""
 
-    outcomes: dict[str, dict[str, dict]] = field(
-        default_factory=dict
-    )  # exercise -> case -> outcome
+    outcomes: dict[str, dict[str, CaseOutcome]] = field(default_factory=dict)  # by exercise, case
     stopped: dict[str, str] = field(default_factory=dict)  # exercise -> why it did not finish
     changed: dict[str, list[str]] = field(default_factory=dict)  # exercise -> tampered names
-    notes: dict[str, list[str]] = field(default_factory=dict)  # notebook -> loading notes
+    notes: dict[str, list[Note]] = field(default_factory=dict)  # notebook -> loading notes
     skip: dict[str, list[list[int]]] = field(default_factory=dict)  # notebook -> [cell, line]
-    skip_notes: dict[str, list[str]] = field(default_factory=dict)  # why they were skipped
+    skip_notes: dict[str, list[Note]] = field(default_factory=dict)  # why they were skipped
     phases: Phases = field(default_factory=Phases)  # where the time went
     helpers: int = 0  # children started to share out a notebook's exercises (see Shares)
 

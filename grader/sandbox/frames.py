@@ -3,7 +3,8 @@
 The child writes its progress on one pipe (`Channel`); the grader reads it (`FrameReader`),
 checking the run's nonce and the frames' order so that student code cannot forge a report
 it did not also know the nonce of. The grader answers a request (the reference cells a case
-holds) on the second pipe (`send_reply`), which the child reads with `read_reply`.
+holds) on the second pipe (`send_reply`), which the child reads with `read_reply`. What a
+frame or a reply says is a message of grader.base.protocol, read back field by field.
 
 A frame is JSON (dicts with string keys, lists, strings, numbers, booleans, None) followed by
 the raw bytes of the dense CPU tensors it holds, each named in the JSON by its dtype and
@@ -22,6 +23,7 @@ import struct
 
 import torch
 
+from grader.base.protocol import REPLIES, Frame, Reply, from_plain, to_plain
 from labtext import _
 
 MAX_FRAME = 512 * 2**20
@@ -147,8 +149,8 @@ class Channel:
     def __init__(self, fd: int, nonce: str) -> None:
         self.fd, self.nonce, self.seq = fd, nonce, 0
 
-    def send(self, kind: str, **fields) -> None:
-        write_all(self.fd, encode({"nonce": self.nonce, "seq": self.seq, "kind": kind, **fields}))
+    def send(self, frame: Frame) -> None:
+        write_all(self.fd, encode({"nonce": self.nonce, "seq": self.seq, **to_plain(frame)}))
         self.seq += 1
 
 
@@ -158,7 +160,7 @@ class FrameReader:
     def __init__(self, nonce: str) -> None:
         self.nonce, self.buffer, self.seq, self.broken = nonce, bytearray(), 0, ""
 
-    def feed(self, data: bytes) -> list[dict]:
+    def feed(self, data: bytes) -> list[Frame]:
         """Take the bytes read so far; return the frames they complete."""
         self.buffer += data
         frames = []
@@ -178,25 +180,29 @@ class FrameReader:
                 break
             if (
                 not isinstance(frame, dict)
-                or frame.get("nonce") != self.nonce
-                or frame.get("seq") != self.seq
+                or frame.pop("nonce", None) != self.nonce
+                or frame.pop("seq", None) != self.seq
             ):
                 self.broken = _("something wrote into the channel of the grading process")
                 break
+            try:
+                frames.append(from_plain(frame))
+            except ValueError:
+                self.broken = _("a message from the grading process could not be read")
+                break
             self.seq += 1
-            frames.append(frame)
         return frames
 
 
-def send_reply(fd: int, nonce: str, **fields) -> None:
+def send_reply(fd: int, nonce: str, reply: Reply) -> None:
     """Write one frame on the pipe the child reads replies from (the grader's side)."""
     try:
-        write_all(fd, encode({"nonce": nonce, **fields}))
+        write_all(fd, encode({"nonce": nonce, **to_plain(reply)}))
     except OSError:  # the child has gone (ended or killed): it reads no more replies
         pass
 
 
-def read_reply(fd: int, nonce: str) -> dict:
+def read_reply(fd: int, nonce: str) -> Reply:
     """Read one frame the grader wrote on the reply pipe (the child's side)."""
 
     def exactly(n: int) -> bytes:
@@ -212,6 +218,6 @@ def read_reply(fd: int, nonce: str) -> dict:
     if size > MAX_FRAME:
         raise ValueError("an oversized reply on the grader's pipe")
     reply = decode(exactly(size))
-    if not isinstance(reply, dict) or reply.get("nonce") != nonce:
+    if not isinstance(reply, dict) or reply.pop("nonce", None) != nonce:
         raise ValueError("an unexpected reply on the grader's pipe")
-    return reply
+    return from_plain(reply, REPLIES)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from grader.api import Case, Check, Context, Raised, Student
 from grader.base.printed import captured
+from grader.base.protocol import CaseOutcome
 from grader.base.time_limit import TimeLimit, processor_seconds, time_limit
 from grader.base.values import pack
 
@@ -41,8 +42,8 @@ def run_case(
     arguments: dict | None = None,
     limit: float | None = None,
     held: dict | None = None,
-) -> dict:
-    """Run one case; return its outcome as plain data (value or error, and printed text).
+) -> CaseOutcome:
+    """Run one case; return its outcome (value or error, and printed text).
 
     `arguments` are the case's parameters as computed by the grader (None: compute them
     here); `limit` is the time limit in seconds of processor time; `held` is a namespace of
@@ -50,7 +51,7 @@ def run_case(
     """
     printed = io.StringIO()
     started, cpu_started = time.perf_counter(), processor_seconds()
-    outcome: dict = {"case": case.name, "held": bool(case.holds) and held is not None}
+    value, error = None, None
     case_ctx = ctx.for_case(case.name)
     try:
         with (
@@ -61,18 +62,22 @@ def run_case(
         ):
             warnings.simplefilter("ignore")
             args = case.arguments(case_ctx) if arguments is None else arguments
-            value = case.run(student, case_ctx, **args)
-        outcome["value"] = pack(value)
-    except (Exception, SystemExit, TimeLimit) as error:
-        outcome["error"] = Raised.from_exception(error).as_data()
-    outcome["printed"] = printed.getvalue()[-MAX_PRINTED:]
-    outcome["seconds"] = time.perf_counter() - started
-    outcome["cpu_seconds"] = processor_seconds() - cpu_started
-    return outcome
+            value = pack(case.run(student, case_ctx, **args))
+    except (Exception, SystemExit, TimeLimit) as raised:
+        error = Raised.from_exception(raised).as_data()
+    return CaseOutcome(
+        case=case.name,
+        held=bool(case.holds) and held is not None,
+        value=value,
+        error=error,
+        printed=printed.getvalue()[-MAX_PRINTED:],
+        seconds=time.perf_counter() - started,
+        cpu_seconds=processor_seconds() - cpu_started,
+    )
 
 
 def run_checks(
     checks: list[Check], student: Student, ctx: Context, held: dict | None = None
-) -> dict[str, dict]:
+) -> dict[str, CaseOutcome]:
     """Run every case the checks need, here and now; return outcomes by case name."""
     return {c.name: run_case(c, student, ctx, held=held) for c in unique_cases(checks)}

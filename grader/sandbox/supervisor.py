@@ -35,6 +35,7 @@ from dplab.notebook import NotebookError, read_code_cells
 from grader import settings
 from grader.api import Case, Context
 from grader.base.check_devices import DEVICES
+from grader.base.protocol import CaseOutcome, Frame, Note
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
@@ -67,12 +68,12 @@ from labtext import _, current, default_language
 
 def cell_name(path: Path | None, number: int) -> str:
     """Name code cell `number` of the notebook at `path` as a student finds it (its grade id,
-    or what it defines: dplab.notebook.cell_label)."""
+    or what it defines: dplab.notebook.cell_label), in English, as grader.load.notebook
+    names it."""
     try:
-        name = f"cell {read_code_cells(path)[number - 1][1]}" if path else f"code cell {number}"
+        return f"cell {read_code_cells(path)[number - 1][1]}" if path else f"code cell {number}"
     except (NotebookError, IndexError):
-        name = f"code cell {number}"
-    return said_cell(name)  # (in the reader's language)
+        return f"code cell {number}"
 
 
 def child_request(
@@ -145,7 +146,7 @@ def run_child(
     # The child stops a case at the limit itself; this is for a case that ignores the stop.
     hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
 
-    def take(frame: dict, now: float) -> None:
+    def take(frame: Frame, now: float) -> None:
         follow(frame, watch, now, collected, plans, reply_write, nonce, claim)
 
     try:
@@ -169,7 +170,7 @@ def watch_child(
     watch: Watch,
     limits: Limits,
     hard_cpu: float,
-    take: Callable[[dict, float], None],
+    take: Callable[[Frame, float], None],
 ) -> tuple[str, str]:
     """Read the child's frames (each goes to `take`, with when it came) until it closes its
     end, its frames break or it goes over a limit; return (the limit, why) as `over_a_limit`
@@ -357,13 +358,11 @@ def take_stop(
     match stop.on:
         case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
             collected.skip.setdefault(notebook, []).append([cell, line])
-            collected.skip_notes.setdefault(notebook, []).append(
-                _("{cell}, line {line}: skipped, because {reason} while running it").format(
-                    cell=cell_name(sub.notebooks.get(notebook), cell),
-                    line=line,
-                    reason=stop.reason,
-                )
+            name = cell_name(sub.notebooks.get(notebook), cell)
+            said = _("{cell}, line {line}: skipped, because {reason} while running it").format(
+                cell=said_cell(name), line=line, reason=stop.reason
             )
+            collected.skip_notes.setdefault(notebook, []).append(Note("skipped", said, name))
         case OnNotebook(notebook):  # every exercise left to this loop is in it
             for ex, names in shares.open(loop, collected).items():
                 if helper is None or any(shares.owner.get((ex, n)) is loop for n in names):
@@ -373,9 +372,8 @@ def take_stop(
             if helper is not None:
                 return False
         case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
-            stopped = {"stopped": stop.reason}
-            if stop.limit == PROCESSOR_TIME:  # (see grader.judge.timing)
-                stopped["limit"] = PROCESSOR_TIME
+            limit = PROCESSOR_TIME if stop.limit == PROCESSOR_TIME else ""  # (grader.judge.timing)
+            stopped = CaseOutcome(case, stopped=stop.reason, limit=limit)
             collected.outcomes.setdefault(exercise, {})[case] = stopped
         case OnExercise(exercise):
             collected.stopped[exercise] = stop.reason

@@ -9,6 +9,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from grader.base.protocol import (
+    CaseDone,
+    CaseStart,
+    Claim,
+    ExerciseDone,
+    ExerciseStart,
+    Frame,
+    Go,
+    Held,
+    HeldCells,
+    Loaded,
+    Loading,
+    Statement,
+)
 from grader.load.reference import available, held_sources
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
@@ -176,7 +190,7 @@ def phase_seconds(said: object, now: float, watch: Watch) -> float:
 
 
 def follow(
-    frame: dict,
+    frame: Frame,
     watch: Watch,
     now: float,
     collected: Collected,
@@ -186,52 +200,43 @@ def follow(
     claim: Callable[[str, str], bool] = lambda exercise, case: True,
 ) -> None:
     """Take one frame of the child's report into `watch` and `collected`, and answer the
-    frames that ask (`claim`, `held`)."""
-    kind = frame["kind"]
+    frames that ask (Claim, Held)."""
     if not watch.reported:
         watch.reported = True
         collected.phases.add("start-up", now - watch.started)
-    if kind in ("loading", "case-start"):
-        watch.phase_started = now
-    elif kind == "loaded":
-        collected.phases.add("notebook load", phase_seconds(frame.get("seconds"), now, watch))
-    elif kind == "case":
-        outcome = frame.get("outcome")
-        said = outcome.get("seconds") if isinstance(outcome, dict) else None
-        collected.phases.add("cases", phase_seconds(said, now, watch))
-    if kind == "exercise-start":
-        watch.exercise, watch.exercise_started = str(frame["exercise"]), now
-    elif kind == "loading":
-        watch.loading = str(frame["notebook"])
-        watch.case_cpu, watch.computed_at = watch.cpu, now
-    elif kind == "statement":
-        watch.statement = (int(frame["cell"]), int(frame["line"]))
-        watch.case_cpu, watch.computed_at = watch.cpu, now
-    elif kind == "loaded":
-        watch.loading, watch.statement = "", None
-        collected.notes.setdefault(frame["notebook"], list(frame.get("notes", [])))
-    elif kind == "claim":
-        exercise, case = str(frame.get("exercise")), str(frame.get("case"))
-        planned = any(name == case for name, _, _ in plans.get(exercise, []))
-        send_reply(reply_fd, nonce, go=planned and claim(exercise, case))
-    elif kind == "held":
-        asked = [str(n) for n in frame.get("names", [])]
-        cells = None
-        if frame.get("exercise") == watch.exercise and watch.exercise in plans:
-            cells = held_reply(watch.exercise, asked, plans[watch.exercise])
-        send_reply(reply_fd, nonce, cells=cells)
-    elif kind == "case-start":
-        watch.case, watch.case_cpu = str(frame["case"]), watch.cpu
-        watch.computed_at = now
-    elif kind == "case":
-        watch.case = ""
-        collected.outcomes.setdefault(frame["exercise"], {})[frame["case"]] = frame["outcome"]
-    elif kind == "exercise-done":  # (children that shared the exercise report in turn)
-        changed = collected.changed.get(frame["exercise"], [])
-        collected.changed[frame["exercise"]] = sorted({*changed, *frame.get("changed", [])})
-        if frame.get("unloadable"):
-            collected.stopped[frame["exercise"]] = str(frame["unloadable"])
-        watch.exercise = ""
+    match frame:
+        case Loading(notebook):
+            watch.phase_started, watch.loading = now, notebook
+            watch.case_cpu, watch.computed_at = watch.cpu, now
+        case Statement(_notebook, cell, line):
+            watch.statement = (cell, line)
+            watch.case_cpu, watch.computed_at = watch.cpu, now
+        case Loaded(notebook, notes, _failed, seconds):
+            collected.phases.add("notebook load", phase_seconds(seconds, now, watch))
+            watch.loading, watch.statement = "", None
+            collected.notes.setdefault(notebook, list(notes))
+        case ExerciseStart(exercise):
+            watch.exercise, watch.exercise_started = exercise, now
+        case Claim(exercise, case):
+            planned = any(name == case for name, _, _ in plans.get(exercise, []))
+            send_reply(reply_fd, nonce, Go(planned and claim(exercise, case)))
+        case Held(exercise, names):
+            cells = None
+            if exercise == watch.exercise and watch.exercise in plans:
+                cells = held_reply(watch.exercise, names, plans[watch.exercise])
+            send_reply(reply_fd, nonce, HeldCells(cells))
+        case CaseStart(_exercise, case):
+            watch.phase_started, watch.case, watch.case_cpu = now, case, watch.cpu
+            watch.computed_at = now
+        case CaseDone(exercise, case, outcome):
+            collected.phases.add("cases", phase_seconds(outcome.seconds, now, watch))
+            watch.case = ""
+            collected.outcomes.setdefault(exercise, {})[case] = outcome
+        case ExerciseDone(exercise, changed, unloadable):  # (children that shared it: in turn)
+            collected.changed[exercise] = sorted({*collected.changed.get(exercise, []), *changed})
+            if unloadable:
+                collected.stopped[exercise] = unloadable
+            watch.exercise = ""
 
 
 def over_a_limit(
