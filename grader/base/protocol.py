@@ -73,6 +73,37 @@ NOTE_KINDS = (
 )
 
 
+# ---- the grader's request ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildRequest:
+    """What a grading child is asked to do, written to a file it reads (then deletes) before
+    it touches the student's code: the cases to run and where, in what language, and the
+    child's ends of its two pipes."""
+
+    nonce: str  # every frame carries it (grader.sandbox.frames)
+    fd: int  # the pipe the child reports on
+    reply_fd: int  # the pipe it reads the grader's replies from
+    seed: int
+    language: str  # of what the child says: the submission's
+    terminal: str  # of its notes to whoever runs the command
+    devices: int  # stand-in devices the checks use (grader.base.check_devices)
+    threads: int
+    scratch: str  # the child's own folder
+    private: list[str]  # folders it must not read (grader.sandbox.fence)
+    check_seconds: float  # processor time per case and thread (0: no limit)
+    skip: dict[str, list[list[int]]]  # notebook -> [cell, line] of statements not to run
+    notebooks: dict[str, str]  # notebook -> its copy in the scratch folder
+    # [exercise, [[case name, [module, attribute], arguments], ...]], in the order to run
+    exercises: list[list[Any]]
+
+
+def request_from_plain(data: object) -> ChildRequest:
+    """Return the ChildRequest that `data` holds; raise ValueError if it holds none."""
+    return _read(ChildRequest, data)
+
+
 # ---- the child's frames ---------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from grader.api import Case, Context, Student
 from grader.base.protocol import (
     CaseDone,
     CaseStart,
+    ChildRequest,
     Claim,
     ExerciseDone,
     ExerciseStart,
@@ -41,6 +42,7 @@ from grader.base.protocol import (
     Loading,
     Note,
     Statement,
+    request_from_plain,
 )
 from grader.base.tampering import Snapshot, watched_objects
 from grader.load.notebook import NotebookError, load_cells, load_notebook
@@ -91,17 +93,17 @@ def resolve_case(origin: list[str]) -> Case:
 
 
 def load(
-    notebook: str, request: dict, channel: Channel, limit: float | None
+    notebook: str, request: ChildRequest, channel: Channel, limit: float | None
 ) -> dict | NotebookError:
     """Load a notebook of the submission, reporting each statement; return its namespace, or
     the error that kept it from loading."""
     manifest = load_manifest()
     channel.send(Loading(notebook))
     try:
-        skip = frozenset(tuple(s) for s in request["skip"].get(notebook, []))
+        skip = frozenset(tuple(s) for s in request.skip.get(notebook, []))
         started = time.perf_counter()
         result = load_notebook(
-            Path(request["notebooks"][notebook]),
+            Path(request.notebooks[notebook]),
             manifest.training_functions,
             module_name=f"submission_{Path(notebook).stem}",
             statement_seconds=limit,
@@ -120,9 +122,9 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     What the child says (a missing function, a limit, a fence's refusal, what the cases
     raise) is said in the request's language, the submission's: the grader's process judges
     under the same language (grader.grading), and passes through `_()` what is English."""
-    request = torch.load(request_path, weights_only=True)
+    request = request_from_plain(torch.load(request_path, weights_only=True))
     os.remove(request_path)
-    language = labtext.known(str(request.get("language") or "")) or "en"
+    language = labtext.known(request.language) or "en"
     if language != "en":
         labtext.catalogue(language)  # read now: the audit hook fences files later
     with labtext.speaking(language):
@@ -132,22 +134,21 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
 Planned = tuple[str, Case, dict]  # a case to run: its name, its function, its arguments
 
 
-def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
+def serve(request: ChildRequest, report_fd: int | None, reply_fd: int | None) -> None:
     """Run a request read by `main`."""
-    threads = max(1, int(request["threads"]))
-    torch.set_num_threads(threads)
-    nonce = str(request["nonce"])
-    channel = Channel(int(request["fd"] if report_fd is None else report_fd), nonce)
-    reply_fd = int(request["reply_fd"] if reply_fd is None else reply_fd)
+    torch.set_num_threads(max(1, request.threads))
+    nonce = request.nonce
+    channel = Channel(request.fd if report_fd is None else report_fd, nonce)
+    reply_fd = request.reply_fd if reply_fd is None else reply_fd
     manifest = load_manifest()
     from grader.base.check_devices import grading_devices
 
     # Notes for whoever runs the command (the stand-in devices') are in the command's language.
-    labtext.choose(labtext.known(str(request.get("terminal") or "")))
-    ctx = Context(seed=int(request["seed"]), devices=grading_devices(int(request["devices"])))
+    labtext.choose(labtext.known(request.terminal))
+    ctx = Context(seed=request.seed, devices=grading_devices(request.devices))
     plans = {
         ex: [(name, resolve_case(origin), args) for name, origin, args in cases]
-        for ex, cases in request["exercises"]
+        for ex, cases in request.exercises
     }
     if "torch._dynamo" not in sys.modules and any(
         manifest.exercise(ex).distributed for ex in plans
@@ -159,8 +160,8 @@ def serve(request: dict, report_fd: int | None, reply_fd: int | None) -> None:
         for step in the_rest():
             step()
     before = Snapshot(watched_objects())
-    install_audit_hook(Path(request["scratch"]), [Path(p) for p in request["private"]])
-    limit = float(request["check_seconds"]) or None  # processor time per thread
+    install_audit_hook(Path(request.scratch), [Path(p) for p in request.private])
+    limit = request.check_seconds or None  # processor time per thread
     with contextlib.ExitStack() as pools:
         exercises = Exercises(request, channel, reply_fd, nonce, ctx, limit, before, pools)
         for exercise_id, plan in plans.items():
@@ -173,7 +174,7 @@ class Exercises:
 
     def __init__(
         self,
-        request: dict,
+        request: ChildRequest,
         channel: Channel,
         reply_fd: int,
         nonce: str,

@@ -27,6 +27,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from dplab.notebook import NotebookError, read_code_cells
 from grader import settings
 from grader.api import Case, Context
 from grader.base.check_devices import DEVICES
-from grader.base.protocol import CaseOutcome, Frame, Note
+from grader.base.protocol import CaseOutcome, ChildRequest, Frame, Note, to_plain
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
@@ -76,62 +77,56 @@ def cell_name(path: Path | None, number: int) -> str:
         return f"code cell {number}"
 
 
-def child_request(
-    sub: Submission,
-    plans: dict[str, list[tuple[str, Case, dict]]],
-    seed: int,
-    limits: Limits,
-    threads: int,
-    scratch: Path,
-    collected: Collected,
-    nonce: str,
-    report_fd: int,
-    reply_fd: int,
-) -> dict:
-    """Return the request a child reads (grader.sandbox.child): what to run on `plans`, and
-    where, with the child's ends of its pipes."""
-    return {
-        "fd": report_fd,
-        "reply_fd": reply_fd,
-        "nonce": nonce,
-        "seed": seed,
-        "language": current(),  # of what the child says (grader.sandbox.child)
-        "terminal": default_language(),  # of its notes to whoever runs the command
-        "devices": DEVICES,
-        "threads": threads,
-        "scratch": str(scratch),
-        "private": [str(p) for p in private_paths()],
-        "check_seconds": limits.check_seconds,
-        "skip": {name: list(collected.skip.get(name, [])) for name in sub.notebooks},
-        "notebooks": {name: str(scratch / "submission" / name) for name in sub.notebooks},
-        "exercises": [
+@dataclass(frozen=True)
+class ChildJob:
+    """What one child is to run: the cases of `plans` (by exercise: name, case, arguments)
+    on the submission copied to `scratch`, adding what it reports to `collected`."""
+
+    sub: Submission
+    plans: dict[str, list[tuple[str, Case, dict]]]
+    seed: int
+    limits: Limits
+    threads: int
+    scratch: Path
+    collected: Collected
+
+
+def child_request(job: ChildJob, nonce: str, report_fd: int, reply_fd: int) -> ChildRequest:
+    """Return the request a child reads (grader.sandbox.child) for `job`, with the child's
+    ends of its pipes."""
+    names = job.sub.notebooks
+    return ChildRequest(
+        nonce=nonce,
+        fd=report_fd,
+        reply_fd=reply_fd,
+        seed=job.seed,
+        language=current(),  # of what the child says (grader.sandbox.child)
+        terminal=default_language(),  # of its notes to whoever runs the command
+        devices=DEVICES,
+        threads=job.threads,
+        scratch=str(job.scratch),
+        private=[str(p) for p in private_paths()],
+        check_seconds=float(job.limits.check_seconds),
+        skip={name: [list(s) for s in job.collected.skip.get(name, [])] for name in names},
+        notebooks={name: str(job.scratch / "submission" / name) for name in names},
+        exercises=[
             [ex, [[name, list(case.origin), args] for name, case, args in plan]]
-            for ex, plan in plans.items()
+            for ex, plan in job.plans.items()
         ],
-    }
+    )
 
 
-def run_child(
-    sub: Submission,
-    plans: dict[str, list[tuple[str, Case, dict]]],
-    seed: int,
-    limits: Limits,
-    threads: int,
-    scratch: Path,
-    collected: Collected,
-    claim: Callable[[str, str], bool] = lambda exercise, case: True,
-) -> Stop:
-    """Run one child on `plans`, adding what it reports to `collected`; return how it ended.
-    `claim(exercise, case)` says whether the child may run a case (no other child has it)."""
+def run_child(job: ChildJob, claim: Callable[[str, str], bool] = lambda ex, case: True) -> Stop:
+    """Run one child on `job`, adding what it reports to its `collected`; return how it
+    ended. `claim(exercise, case)` says whether the child may run a case (no other child
+    has it)."""
+    plans, limits, threads, scratch = job.plans, job.limits, job.threads, job.scratch
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
     reply_read, reply_write = os.pipe()
     request_path = scratch / f"request-{nonce[:8]}.pt"
     asked = time.monotonic()
-    request = child_request(
-        sub, plans, seed, limits, threads, scratch, collected, nonce, write_fd, reply_read
-    )
-    torch.save(request, request_path)
+    torch.save(to_plain(child_request(job, nonce, write_fd, reply_read)), request_path)
     try:
         complete = any(load_manifest().exercise(ex).distributed for ex in plans)
         proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read, complete)
@@ -147,7 +142,7 @@ def run_child(
     hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
 
     def take(frame: Frame, now: float) -> None:
-        follow(frame, watch, now, collected, plans, reply_write, nonce, claim)
+        follow(frame, watch, now, job.collected, plans, reply_write, nonce, claim)
 
     try:
         limit, reason = watch_child(read_fd, reader, group_time, watch, limits, hard_cpu, take)
@@ -313,10 +308,8 @@ def run_notebook(
             plans = {ex: [planned(ex, name) for name in names] for ex, names in order}
             exercises = [manifest.exercise(ex) for ex in plans]
             before = collected.progress(exercises)
-            stop = run_child(
-                sub, plans, seed, limits, threads, scratch, collected,
-                claim=lambda exercise, case: shares.take(exercise, case, loop),
-            )  # fmt: skip
+            job = ChildJob(sub, plans, seed, limits, threads, scratch, collected)
+            stop = run_child(job, lambda exercise, case: shares.take(exercise, case, loop))
             if not take_stop(stop, sub, shares, loop, helper, collected, plans):
                 return  # a helper is extra: the first loop runs what it has not taken
             progress = collected.progress(exercises)
