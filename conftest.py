@@ -39,7 +39,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     folder = getattr(config, "_warm_folder", None)
     if folder is not None:
-        from grader.sandbox.warm_client import stop_warm
+        from grader.sandbox.fast.warm_client import stop_warm
 
         stop_warm(folder)
         for made in (folder, folder.with_name(f"{folder.name}-cache")):

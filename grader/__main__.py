@@ -24,10 +24,11 @@ _standard_streams_open()
 
 from grader import settings  # noqa: E402
 from grader.front import warm_server  # noqa: E402
-from grader.sandbox import forkserver  # noqa: E402
+from grader.sandbox import fast  # noqa: E402
+from grader.sandbox.fast import forkserver  # noqa: E402
 
-fast = settings.fast_path() and settings.START.get() != "spawn"
-if sys.argv[1:2] in (["check"], ["grade"]) and fast:
+warm = fast.enabled() and settings.START.get() != "spawn"
+if sys.argv[1:2] in (["check"], ["grade"]) and warm:
     # The command runs in a session of the warm fork server, which has imported torch and
     # the checks already (see grader.front.warm_server), where one answers.
     code = warm_server.run_warm(sys.argv)

@@ -55,9 +55,3 @@ ALL = (
     WARM_SECONDS,
     RUNTIME_DIR,
 )
-
-
-def fast_path() -> bool:
-    """Whether the fast path may be taken (GRADER_FAST): the fork server, the warm server,
-    helper children and extra children on idle cores. Without it, every verdict is the same."""
-    return FAST.get().strip().lower() != "off"

@@ -199,6 +199,30 @@ def test_checks_modules_use_the_grader_through_its_api_alone(graph):
     assert not wrong, "\n".join(wrong)
 
 
+FAST = "grader.sandbox.fast"
+
+
+def test_the_plain_sandbox_reaches_the_fast_path_through_one_interface(graph):
+    """The sandbox's plain modules (and the pipeline above them) import the fast path's
+    package alone, never its fork server or warm client; the fast path's setting is read in
+    that package alone, so that `GRADER_FAST=off` has one place to take effect."""
+    wrong = [
+        f"{name} imports {other}"
+        for name, found in sorted(graph.items())
+        if not name.startswith(FAST) and name.startswith(("grader.sandbox", "grader.grading"))
+        for other in sorted(found)
+        if other.startswith(FAST + ".")
+    ]
+    assert not wrong, "\n".join(wrong)
+    readers = sorted(
+        str(path.relative_to(REPO))
+        for package in PACKAGES
+        for path in (REPO / package).rglob("*.py")
+        if "FAST.get()" in path.read_text(encoding="utf-8")
+    )
+    assert readers == ["grader/sandbox/fast/__init__.py"]
+
+
 def test_the_graders_root_shows_its_architecture():
     """At most 8 modules at the grader's top; the rest is in folders named for their part."""
     root = sorted(p.name for p in (REPO / "grader").glob("*.py"))
@@ -296,7 +320,7 @@ def test_a_command_reaches_the_warm_server_before_it_imports_torch():
 
     code = (
         "import sys; from grader import settings; from grader.front import warm_server; "
-        "from grader.sandbox import forkserver; "
+        "from grader.sandbox.fast import forkserver; "
         "print(sorted(m for m in ('torch', 'dplab') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -305,14 +329,14 @@ def test_a_command_reaches_the_warm_server_before_it_imports_torch():
 
 # The fast path and the fence: what grading children need, and a kernel does not.
 NOT_IN_A_KERNEL = (
-    "grader.sandbox.forkserver",
+    "grader.sandbox.fast.forkserver",
     "grader.sandbox.preload",
     "grader.sandbox.fence",
     "grader.sandbox.audit",
     "grader.sandbox.supervisor",
     "grader.sandbox.starting",
     "grader.sandbox.scheduler",
-    "grader.sandbox.warm_client",
+    "grader.sandbox.fast.warm_client",
     "grader.front.warm_server",
 )
 

@@ -26,7 +26,7 @@ from grader.report.paths import (
     umask,
     write_report,
 )
-from grader.sandbox import warm_client
+from grader.sandbox.fast import warm_client
 from tests.conftest import SOLUTIONS, python
 
 NOTEBOOK = str(SOLUTIONS / "from_scratch.ipynb")

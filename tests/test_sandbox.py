@@ -15,8 +15,8 @@ from grader.base.protocol import CaseOutcome
 from grader.grading import grade_path
 from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
-from grader.sandbox import forkserver
 from grader.sandbox.collected import Phases
+from grader.sandbox.fast import forkserver
 from grader.sandbox.fence import Fence, choose_fence
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing

@@ -16,7 +16,8 @@ import pytest
 from grader.front.warm_server import run_warm
 from grader.grading import grade_path
 from grader.manifest import load_manifest
-from grader.sandbox import preload, warm_client
+from grader.sandbox import preload
+from grader.sandbox.fast import warm_client
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing
 

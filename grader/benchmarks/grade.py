@@ -33,9 +33,9 @@ from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
 from grader.mistakes import mistakes_of
 from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
-from grader.sandbox.forkserver import stop
-from grader.sandbox.starting import fork_server, start_mode
-from grader.sandbox.warm_client import stop_warm
+from grader.sandbox.fast import fork_server, start_mode
+from grader.sandbox.fast.forkserver import stop
+from grader.sandbox.fast.warm_client import stop_warm
 from grader.tools.authoring import filled_in, reference_answers
 
 KINDS = ("reference solutions", "untouched stubs", "catalogued mistakes")

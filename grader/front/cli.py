@@ -16,7 +16,8 @@ from grader.report.exports import GradebookError, check_nbgrader_gradebook, summ
 from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
 from grader.report.text import render_submission
-from grader.sandbox.starting import children_fence, fork_server
+from grader.sandbox.fast import fork_server
+from grader.sandbox.starting import children_fence
 from labtext import _
 
 

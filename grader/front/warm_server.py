@@ -33,12 +33,12 @@ from pathlib import Path
 from grader import settings
 from grader.base.printed import ReaderGone
 from grader.report.paths import umask
+from grader.sandbox.fast.forkserver import probe_fence, serve, stop
+from grader.sandbox.fast.warm_client import connect_warm, peer_uid, warm_key
 from grader.sandbox.fence import (
     Fence,
 )
-from grader.sandbox.forkserver import probe_fence, serve, stop
 from grader.sandbox.preload import huge_pages, preload, pyplot, the_rest
-from grader.sandbox.warm_client import connect_warm, peer_uid, warm_key
 from labtext import _
 
 
@@ -241,7 +241,7 @@ def run_warm(argv: list[str]) -> int | None:
 
 def main() -> None:
     """`python -m grader.front.warm_server --warm SOCKET FENCE IDLE` (see
-    grader.sandbox.warm_client.start_warm)."""
+    grader.sandbox.fast.warm_client.start_warm)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
     path, asked_fence, idle = sys.argv[2], sys.argv[3], sys.argv[4]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -1,6 +1,6 @@
 """The grading child: load a submission's notebooks and run the cases the grader asks for.
 
-Started by the fork server (grader.sandbox.forkserver) or as `python -m grader.sandbox.child
+Started by the fork server (grader.sandbox.fast.forkserver) or as `python -m grader.sandbox.child
 REQUEST`, inside the fence (grader.sandbox.fence). It reads the request (then deletes it),
 arms the audit hook, and only then touches the student's code.
 It reports on a pipe, one frame at a time, so that the grader knows what was running if the

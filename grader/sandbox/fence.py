@@ -75,7 +75,7 @@ def private_paths() -> list[Path]:
 
 def warm_folders() -> list[Path]:
     """Return where warm fork servers listen: the folder asked for (`GRADER_WARM_DIR`) and
-    the default one, in the runtime folder or the temporary one (see grader.sandbox.forkserver)."""
+    the default one, in the runtime folder or the temporary one (grader.sandbox.fast)."""
     import tempfile
 
     name = f"grader-warm-{os.getuid()}"
@@ -268,7 +268,7 @@ def choose_fence() -> Fence:
     return none
 
 
-# ---- the same fence, entered by a forked child (see grader.sandbox.forkserver) -------------
+# ---- the same fence, entered by a forked child (see grader.sandbox.fast.forkserver) -------------
 # What `unshare` and `setpriv` do in `Fence.prefix`, done from Python with the same system
 # calls, in a process that has just been forked (single-threaded, as unshare needs).
 

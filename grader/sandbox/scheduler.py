@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from grader import settings
 from grader.api import Case
+from grader.sandbox import fast
 from grader.sandbox.collected import Collected
 
 
@@ -155,7 +155,7 @@ class SpareCores:
         """Return True if, since the last look at least LOOK_SECONDS ago, `share` of a core
         was idle on average; such a look starts the count anew (so one more at a time). Never
         without the fast path (GRADER_FAST=off)."""
-        if not settings.fast_path():
+        if not fast.more_children():
             return False
         with self.lock:
             now = self.read()

@@ -10,11 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-import torch
-
-from grader import settings
 from grader.base.check_devices import grading_mode
-from grader.sandbox import forkserver
+from grader.sandbox import fast
 from grader.sandbox.collected import Limits
 from grader.sandbox.fence import Fence, choose_fence, limit_process, next_child_uid, private_paths
 from grader.sandbox.preload import WAIT_POLICY
@@ -86,25 +83,7 @@ def child_environment(scratch: Path, threads: int) -> dict[str, str]:
     return env
 
 
-def start_mode() -> str:
-    """Return how children start: "fork" (from the warm fork server) or "spawn" (a new
-    Python each). `GRADER_START` chooses; by default, fork unless a CUDA device is visible.
-    Without the fast path (GRADER_FAST=off), always spawn."""
-    asked = settings.START.get().strip().lower()
-    if not settings.fast_path():
-        return "spawn"
-    if asked in ("fork", "spawn"):
-        return asked
-    return "spawn" if torch.cuda.device_count() > 0 else "fork"
-
-
-def fork_server() -> forkserver.ForkServer | None:
-    """Return the fork server, ready; None where children must be started afresh (see
-    `start_mode`) or the server cannot fence its children."""
-    return forkserver.ready_server() if start_mode() == "fork" else None
-
-
-def children_fence(server: forkserver.ForkServer | None) -> Fence:
+def children_fence(server) -> Fence:
     """Return the fence the children get: the one the fork server chose (no need to probe for
     it here too), else this process's."""
     return choose_fence() if server is None else server.fence
@@ -122,7 +101,7 @@ def start_child(
     """Start a fenced child on the request file `request`, from the fork server where there
     is one, else as a new Python. A `complete` child (its cases start process groups) starts
     with all the server imports (see forkserver.serve)."""
-    server = fork_server()
+    server = fast.fork_server()
     fence = children_fence(server)
     uid = next_child_uid() if fence.own_uid else None
     if uid is not None:  # the scratch folder becomes this child's alone

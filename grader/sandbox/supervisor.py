@@ -33,13 +33,13 @@ from pathlib import Path
 import torch
 
 from dplab.notebook import NotebookError, read_code_cells
-from grader import settings
 from grader.api import Case, Context
 from grader.base.check_devices import DEVICES
 from grader.base.protocol import CaseOutcome, ChildRequest, Frame, Note, to_plain
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
+from grader.sandbox import fast
 from grader.sandbox.collected import (
     Collected,
     Limits,
@@ -266,7 +266,7 @@ def run_isolated(
     # More start while the cores sit idle: a notebook whose ranks deadlocked waits for the
     # verdict, computing nothing, and the notebooks after it need not wait with it.
     items = [(nb, None) for nb in notebooks]
-    extra = (can_help, helper) if settings.fast_path() else None  # helpers: the fast path's
+    extra = (can_help, helper) if fast.more_children() else None  # helpers: the fast path's
     for done, _running in side_by_side_while_idle(
         run, items, side_by_side, 2 * len(notebooks), extra
     ):

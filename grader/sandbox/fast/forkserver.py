@@ -27,7 +27,7 @@ pipe the server writes the child's pid, and its exit code (as `Popen.returncode`
 has ended. When the grader closes the socket, the server kills its children and ends.
 
 The warm server (grader.front.warm_server) is a fork server that outlives its command; finding and
-starting it is grader.sandbox.warm_client.
+starting it is grader.sandbox.fast.warm_client.
 """
 
 import atexit
@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from grader.sandbox.fast.warm_client import connect_warm
 from grader.sandbox.fence import (
     CHILD_UIDS,
     Fence,
@@ -60,7 +61,6 @@ from grader.sandbox.fence import (
     needed_paths,
 )
 from grader.sandbox.preload import preload, server_environment, the_rest
-from grader.sandbox.warm_client import connect_warm
 from labtext import _
 
 _STATUS = struct.Struct(">i")
@@ -109,7 +109,7 @@ def become_child(request: dict, fds: list[int]) -> None:
         tempfile.tempdir = None
         sys.path[0] = scratch
         sys.dont_write_bytecode = True
-        sys.argv = [str(Path(__file__).with_name("child.py")), request["request"]]
+        sys.argv = [str(Path(__file__).parents[1] / "child.py"), request["request"]]
         from grader.sandbox import child
 
         child.main(request["request"], report_fd=report_fd, reply_fd=reply_fd)
@@ -345,7 +345,7 @@ class ForkServer:
                 [
                     sys.executable,
                     "-m",
-                    "grader.sandbox.forkserver",
+                    "grader.sandbox.fast.forkserver",
                     str(theirs.fileno()),
                     json.dumps(asdict(fence)),
                 ],

@@ -74,7 +74,7 @@ def warm_key(env: dict[str, str]) -> str:
     digest = hashlib.sha256(f"{sys.executable}\n{sys.version}\n{os.geteuid()}\n{asked}".encode())
     kept = {k: v for k, v in env.items() if k.startswith(KEY_VARIABLES) and k not in PER_CHILD}
     digest.update(json.dumps(kept, sort_keys=True).encode())
-    roots = [Path(__file__).resolve().parents[1]]  # grader/
+    roots = [Path(__file__).resolve().parents[2]]  # grader/
     for name in ("dplab", "labtext", "torch", "matplotlib"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
