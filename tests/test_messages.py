@@ -52,6 +52,50 @@ def test_each_message_is_translated_in_one_place():
     assert {text: files for text, files in where.items() if len(files) > 1} == {}
 
 
+def test_every_location_a_catalogue_gives_is_still_there():
+    """A translator follows `#:` to the code: each names a file of the lab, or a check by
+    exercise/name, that exists (`python -m grader messages locations` refreshes them)."""
+    from babel.messages.pofile import read_po
+
+    from grader.judge.registry import exercise_checks, hidden_available
+    from grader.manifest import load_manifest
+
+    checks = {
+        f"{ex.id}/{c.name}"
+        for ex in load_manifest().exercises
+        for c in exercise_checks(ex, include_hidden=hidden_available(ex))
+    }
+    gone = []
+    for path in labtext.sources(LANGUAGE):
+        with path.open("rb") as f:
+            for entry in read_po(f):
+                for where, _line in entry.locations:
+                    if not (REPO / where).is_file() and where not in checks:
+                        gone.append(f"{path.name}: {where} ({entry.id[:40]!r})")
+    assert gone == [], "\n".join(gone)
+
+
+def test_refreshing_the_locations_points_them_at_the_code_and_changes_nothing_else(
+    tmp_path, monkeypatch
+):
+    source = REPO / "i18n" / LANGUAGE / "messages" / "core.po"
+    text = source.read_text(encoding="utf-8")
+    stale = text.replace("#: grader/base/cases.py:", "#: grader/base/moved_away.py:", 1)
+    assert stale != text
+    copy = tmp_path / "core.po"
+    copy.write_text(stale, encoding="utf-8")
+    monkeypatch.setattr(messages, "sources", lambda language: [copy])
+    assert messages.relocate(LANGUAGE) == [copy]
+    refreshed = copy.read_text(encoding="utf-8")
+    assert "moved_away" not in refreshed
+    changed = [
+        (old, new)
+        for old, new in zip(stale.splitlines(), refreshed.splitlines(), strict=True)
+        if old != new
+    ]
+    assert changed and all(old.startswith("#:") and new.startswith("#:") for old, new in changed)
+
+
 def test_the_translations_are_chinese(catalogue, wanted):
     """A translation that is the English copied over is no translation (messages that are
     all code, such as a bare `{name}`, excepted)."""

@@ -254,9 +254,14 @@ def parser() -> argparse.ArgumentParser:
     )
     t.add_argument("language", help="a language of i18n/, such as zh_CN")
     t.add_argument("folder", type=Path, help="where to write them (FOLDER/<assignment>/)")
-    msg = sub.add_parser("messages", help="compile the grader's translations, or list the missing")
-    msg.add_argument("action", choices=("missing", "compile"))
-    msg.add_argument("--language", default="zh_CN", help="the catalogue to look at (missing)")
+    msg = sub.add_parser(
+        "messages",
+        help="compile the grader's translations, list the missing, or refresh where each is said",
+    )
+    msg.add_argument("action", choices=("missing", "compile", "locations"))
+    msg.add_argument(
+        "--language", default="zh_CN", help="the catalogue to look at (missing, locations)"
+    )
     msg.add_argument("--under", help="only messages from here, e.g. grader/checks/allreduce.py")
     return p
 

@@ -2,6 +2,8 @@
 
     python -m grader messages missing [--language zh_CN]   messages with no translation yet
     python -m grader messages compile                      i18n/*/messages/*.po -> labtext/locale/
+    python -m grader messages locations [--language zh_CN] point each `#:` at where the code
+                                                           says the message now
 
 A message is a string given to `_()` or `N_()` in the grader's code, a check's docstring,
 hint or gate's reason, or an exercise's title in the manifest. `tests/test_messages.py` fails
@@ -151,6 +153,43 @@ def as_po(messages: list[Message]) -> str:
     return out.getvalue().decode()
 
 
+def relocate(language: str) -> list[Path]:
+    """Rewrite the `#:` lines of `language`'s catalogues to where the code says each message
+    now (a check's docstring or hint keeps its exercise/check); return the files changed.
+    Nothing else in the files changes."""
+    places: dict[str, list[str]] = {}
+    for m in in_code():
+        places.setdefault(m.text, []).append(m.where)
+    changed = []
+    for path in sources(language):
+        text = path.read_text(encoding="utf-8")
+        blocks = [_relocated(block, places) for block in text.split("\n\n")]
+        if "\n\n".join(blocks) != text:
+            path.write_text("\n\n".join(blocks), encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def _relocated(block: str, places: dict[str, list[str]]) -> str:
+    """Return one `.po` entry with its `#:` lines naming `places` of its message, if any."""
+    from io import BytesIO
+
+    from babel.messages.pofile import read_po
+
+    ids = [m.id for m in read_po(BytesIO(block.encode())) if m.id]
+    if len(ids) != 1 or ids[0] not in places:
+        return block
+    lines = [line for line in block.split("\n") if not line.startswith("#:")]
+    at = next(i for i, line in enumerate(lines) if line.startswith(("#,", "#|", "msgid")))
+    wrapped: list[str] = []
+    for where in places[ids[0]]:  # as Babel writes them: as many as fit in 100 characters
+        if wrapped and len(wrapped[-1]) + 1 + len(where) <= 100:
+            wrapped[-1] += " " + where
+        else:
+            wrapped.append("#: " + where)
+    return "\n".join(lines[:at] + wrapped + lines[at:])
+
+
 def main(command: str, language: str = "zh_CN", under: str | None = None) -> int:
     if command == "compile":
         from labtext import compile_catalogues
@@ -161,6 +200,10 @@ def main(command: str, language: str = "zh_CN", under: str | None = None) -> int
     if language not in LANGUAGES[1:]:
         print(f"error: no catalogue for {language!r}; the lab has {', '.join(LANGUAGES[1:])}")
         return 2
+    if command == "locations":
+        for path in relocate(language):
+            print(f"wrote {path.relative_to(ROOT)}")
+        return 0
     todo = [m for m in missing(language) if under is None or m.where.startswith(under)]
     print(as_po(todo), end="")
     return 1 if todo else 0
