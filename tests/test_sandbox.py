@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.base.protocol import CaseOutcome
+from grader.base.protocol import CaseOutcome, ForkOrder, to_plain
 from grader.grading import grade_path
 from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
@@ -283,14 +283,14 @@ def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
 def ask_for_child(ours: socket.socket, tmp_path: Path, complete: bool) -> int:
     """Ask a session for a child (of a request that does not exist: it ends at once), as the
     grader does; return the descriptor its process id, then its exit code, come on."""
-    request = {
-        "request": str(tmp_path / "none.pt"), "scratch": str(tmp_path), "env": {},
-        "uid": None, "fence": asdict(Fence("", False, "")), "private": [],
-        "memory_gib": 4, "complete": complete,
-    }  # fmt: skip
+    order = ForkOrder(
+        request=str(tmp_path / "none.pt"), scratch=str(tmp_path), env={}, uid=None,
+        fence=asdict(Fence("", False, "")), private=[], tmp="", memory_gib=4.0, complete=complete,
+    )  # fmt: skip
+    message = json.dumps(to_plain(order)).encode()
     status_read, status_write = os.pipe()
     with open(os.devnull, "wb") as null:
-        socket.send_fds(ours, [json.dumps(request).encode()], [null.fileno()] * 3 + [status_write])
+        socket.send_fds(ours, [message], [null.fileno()] * 3 + [status_write])
     os.close(status_write)
     return status_read
 
@@ -358,3 +358,28 @@ def test_a_session_waits_for_a_grader_that_asks_a_moment_after_it_is_ready(tmp_p
     os.close(status_read)
     assert child > 0
     assert not seen.exists()  # nothing imported unasked before the request came
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"{not json", b'{"kind": "fork", "request": "x"}', b'{"kind": "exec", "argv": ["sh"]}'],
+)
+def test_a_session_refuses_an_order_it_cannot_read_and_serves_the_next(tmp_path, message):
+    """An order that is not JSON, lacks a field or is of another kind forks nothing (its
+    descriptors are closed, so whoever sent it reads no pid), and the session goes on."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = start_session(ours, theirs, lambda: None)
+    assert json.loads(ours.recv(1 << 16))["ready"]
+    refused_read, refused_write = os.pipe()
+    with open(os.devnull, "wb") as null:
+        socket.send_fds(ours, [message], [null.fileno()] * 3 + [refused_write])
+    os.close(refused_write)
+    status_read = ask_for_child(ours, tmp_path, complete=False)
+    child = int.from_bytes(os.read(status_read, 4), "big", signed=True)
+    refused = os.read(refused_read, 4)
+    ours.close()
+    os.waitpid(pid, 0)
+    for fd in (status_read, refused_read):
+        os.close(fd)
+    assert refused == b""
+    assert child > 0

@@ -104,6 +104,27 @@ def request_from_plain(data: object) -> ChildRequest:
     return _read(ChildRequest, data)
 
 
+@dataclass(frozen=True)
+class ForkOrder:
+    """What the grader asks the fork server for (grader.sandbox.fast.forkserver, over its
+    socket, with the child's descriptors): a child forked, limited and fenced, that runs the
+    request file `request` in `scratch`."""
+
+    kind: ClassVar[str] = "fork"
+    request: str
+    scratch: str
+    env: dict[str, str]
+    uid: int | None  # the child's own user id, where the fence gives it one
+    fence: dict[str, Any]  # grader.sandbox.fence.Fence, as data
+    private: list[str]
+    tmp: str  # the child's temporary folder, a file system of its own where it can be
+    memory_gib: float
+    complete: bool = False  # its cases start process groups: it needs every server import
+
+
+ORDERS: dict[str, type] = {ForkOrder.kind: ForkOrder}
+
+
 # ---- the child's frames ---------------------------------------------------------------------
 
 

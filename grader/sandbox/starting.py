@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from grader.base.check_devices import grading_mode
+from grader.base.protocol import ForkOrder
 from grader.sandbox import fast
 from grader.sandbox.collected import Limits
 from grader.sandbox.fence import Fence, choose_fence, limit_process, next_child_uid, private_paths
@@ -110,17 +111,17 @@ def start_child(
     env = child_environment(scratch, threads)
     with open(scratch / "child.log", "ab") as log:
         if server is not None:
-            order = {
-                "request": str(request),
-                "scratch": str(scratch),
-                "env": env,
-                "uid": uid,
-                "fence": asdict(server.fence),
-                "private": [str(p) for p in private_paths()],
-                "tmp": str(scratch / "tmp"),
-                "memory_gib": limits.memory_gib,
-                "complete": complete,
-            }
+            order = ForkOrder(
+                request=str(request),
+                scratch=str(scratch),
+                env=env,
+                uid=uid,
+                fence=asdict(server.fence),
+                private=[str(p) for p in private_paths()],
+                tmp=str(scratch / "tmp"),
+                memory_gib=float(limits.memory_gib),
+                complete=complete,
+            )
             try:
                 return server.fork(order, report_fd, reply_fd, log.fileno())
             except OSError:  # the server has gone: start this child afresh

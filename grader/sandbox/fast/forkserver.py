@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from grader.base.protocol import ORDERS, ForkOrder, from_plain, to_plain
 from grader.sandbox.fast.warm_client import connect_warm
 from grader.sandbox.fence import (
     CHILD_UIDS,
@@ -76,7 +77,7 @@ def _close_other_descriptors(keep: set[int]) -> None:
                 pass
 
 
-def become_child(request: dict, fds: list[int]) -> None:
+def become_child(order: ForkOrder, fds: list[int]) -> None:
     """In a freshly forked process: close, limit and fence it, then run the child; exits."""
     code = 1
     try:
@@ -93,26 +94,26 @@ def become_child(request: dict, fds: list[int]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         faulthandler.enable(file=sys.stderr)
-        for kind, value in child_limits(float(request["memory_gib"])).items():
+        for kind, value in child_limits(order.memory_gib).items():
             resource.setrlimit(kind, (value, value))
         enter(
-            Fence(**request["fence"]),
-            request["uid"],
-            [Path(p) for p in request["private"]],
-            Path(request["tmp"]) if request.get("tmp") else None,
-            float(request["memory_gib"]),
+            Fence(**order.fence),
+            order.uid,
+            [Path(p) for p in order.private],
+            Path(order.tmp) if order.tmp else None,
+            order.memory_gib,
         )
-        scratch = request["scratch"]
+        scratch = order.scratch
         os.chdir(scratch)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(order.env)
         tempfile.tempdir = None
         sys.path[0] = scratch
         sys.dont_write_bytecode = True
-        sys.argv = [str(Path(__file__).parents[1] / "child.py"), request["request"]]
+        sys.argv = [str(Path(__file__).parents[1] / "child.py"), order.request]
         from grader.sandbox import child
 
-        child.main(request["request"], report_fd=report_fd, reply_fd=reply_fd)
+        child.main(order.request, report_fd=report_fd, reply_fd=reply_fd)
         code = 0
     except FenceError as error:
         print(f"the grading child could not enter its fence: {error}", file=sys.stderr)
@@ -213,37 +214,41 @@ class Requests:
         got = self.receive()
         if got is None:
             return False
-        if got[1] and self.later and got[0].get("complete"):
+        if got[1] and self.later and got[0].complete:
             return self.fork_complete(got)
         if got[1]:
             self.fork(*got)
         return True
 
-    def fork(self, request: dict, fds: list[int]) -> None:
-        """Fork a child for `request` (see become_child), which takes `fds`; tell the grader
+    def fork(self, order: ForkOrder, fds: list[int]) -> None:
+        """Fork a child for `order` (see become_child), which takes `fds`; tell the grader
         its pid on its status pipe, which the server keeps."""
         pid = os.fork()
         if pid == 0:
             self.control.close()
-            become_child(request, fds)
+            become_child(order, fds)
         for fd in fds[:3]:
             os.close(fd)
         self.children[pid] = fds[3]
         _write_status(fds[3], pid)
 
-    def receive(self) -> tuple[dict, list[int]] | None:
-        """Read one request; None once the grader has gone, no descriptors for a malformed
-        one (those it came with are closed)."""
+    def receive(self) -> tuple[ForkOrder | None, list[int]] | None:
+        """Read one order; None once the grader has gone, no order and no descriptors for a
+        malformed one (those it came with are closed)."""
         message, fds, _, _ = socket.recv_fds(self.control, 1 << 20, 4)
         if not message:
             return None
-        if len(fds) != 4:
+        try:
+            order = from_plain(json.loads(message), ORDERS)
+        except ValueError:  # (json's errors are ValueErrors too)
+            order = None
+        if order is None or len(fds) != 4:
             for fd in fds:
                 os.close(fd)
-            return {}, []
-        return json.loads(message), fds
+            return None, []
+        return order, fds
 
-    def fork_complete(self, first: tuple[dict, list[int]]) -> bool:
+    def fork_complete(self, first: tuple[ForkOrder, list[int]]) -> bool:
         """Import the rest, then fork `first`; fork at once the requests that come with it
         and need no more. Return False if the grader has gone meanwhile."""
         held = [first]
@@ -253,14 +258,14 @@ class Requests:
                 for fd in (fd for _, fds in held for fd in fds):
                     os.close(fd)
                 return False
-            if more[1] and more[0].get("complete"):
+            if more[1] and more[0].complete:
                 held.append(more)
             elif more[1]:
                 self.fork(*more)
         while self.later:
             self.later.pop()()
-        for request, fds in held:
-            self.fork(request, fds)
+        for order, fds in held:
+            self.fork(order, fds)
         return True
 
     def reap(self) -> None:
@@ -378,14 +383,14 @@ class ForkServer:
                 self.fence = Fence(**said["chosen"])
         return self.ready and self.fence_works
 
-    def fork(self, request: dict, report_fd: int, reply_fd: int, log_fd: int) -> ForkedChild:
-        """Fork a child for `request`; the descriptors are the child's ends of its pipes."""
+    def fork(self, order: ForkOrder, report_fd: int, reply_fd: int, log_fd: int) -> ForkedChild:
+        """Fork a child for `order`; the descriptors are the child's ends of its pipes."""
         status_read, status_write = os.pipe()
         try:
             with self._lock:
                 socket.send_fds(
                     self._socket,
-                    [json.dumps(request).encode()],
+                    [json.dumps(to_plain(order)).encode()],
                     [report_fd, reply_fd, log_fd, status_write],
                 )
         finally:
