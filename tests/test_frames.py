@@ -151,3 +151,16 @@ def test_messages_come_back_as_the_dataclasses_they_were():
     assert from_plain(to_plain(Go(True)), REPLIES) == Go(True)
     with pytest.raises(ValueError):
         from_plain(to_plain(Go(True)))  # a reply is not a frame
+
+
+def test_what_only_the_grader_says_of_a_case_is_not_taken_from_a_child():
+    """A case's outcome as a child's frame says it: why the grader stopped it, the limit that
+    did and the reference's time are the grader's to say, and a frame's are dropped."""
+    from grader.sandbox.collected import Collected
+    from grader.sandbox.watching import Watch, follow
+
+    said = CaseOutcome("c", value=1, stopped="stopped by the grader", limit="processor time")
+    collected = Collected()
+    follow(CaseDone("allreduce", "c", said), Watch(), 0.0, collected, {}, -1, "n")
+    kept = collected.outcomes["allreduce"]["c"]
+    assert kept.value == 1 and kept.stopped is None and kept.limit == ""

@@ -1,6 +1,7 @@
-"""What crosses the pipes between the grader and a grading child, as typed messages: the
-frames a child reports with, the grader's replies, and each case's outcome (kept by the
-grader and judged, also where a kernel's `check()` ran the case itself).
+"""What crosses between the grader and a grading child, as typed messages: the request it
+runs, the frames it reports with, the grader's replies, each case's outcome (kept by the
+grader and judged, also where a kernel's `check()` ran the case itself), and the orders the
+grader gives the fork server.
 
 A message is written as plain data with `to_plain` and read back with `from_plain`, which
 checks every field against its type: a frame that lacks a field, or holds a value of another
@@ -38,6 +39,10 @@ class CaseOutcome:
     @property
     def raised(self) -> bool:
         return self.error is not None
+
+    def as_the_child_ran_it(self) -> "CaseOutcome":
+        """Return this outcome without what only the grader may set (a frame could hold it)."""
+        return dataclasses.replace(self, stopped=None, limit="", reference_cpu=None)
 
 
 @dataclass(frozen=True)

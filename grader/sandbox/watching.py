@@ -231,7 +231,7 @@ def follow(
         case CaseDone(exercise, case, outcome):
             collected.phases.add("cases", phase_seconds(outcome.seconds, now, watch))
             watch.case = ""
-            collected.outcomes.setdefault(exercise, {})[case] = outcome
+            collected.outcomes.setdefault(exercise, {})[case] = outcome.as_the_child_ran_it()
         case ExerciseDone(exercise, changed, unloadable):  # (children that shared it: in turn)
             collected.changed[exercise] = sorted({*collected.changed.get(exercise, []), *changed})
             if unloadable:
