@@ -9,6 +9,7 @@ type, is refused as a whole. grader.sandbox.frames carries the plain data as byt
 """
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -274,16 +275,18 @@ def from_plain(data: object, known: dict[str, type] = FRAMES):
     return _read(known[data["kind"]], {k: v for k, v in data.items() if k != "kind"})
 
 
-def outcome_from_plain(data: object) -> CaseOutcome:
-    """Return the CaseOutcome that `data` holds; raise ValueError if it holds none."""
-    return _read(CaseOutcome, data)
+@functools.cache
+def _fields(cls: type) -> dict[str, Any]:
+    """Return the fields of a message class with their types (read once per class)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _read(cls: type, data: object):
     if not isinstance(data, dict):
         raise ValueError(f"{cls.__name__}: not a dict")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints = _fields(cls)
+    names = hints.keys()
     if not set(data) <= names:
         raise ValueError(f"{cls.__name__}: unknown fields {sorted(set(data) - names)}")
     try:
