@@ -23,6 +23,7 @@ It ends with a table. It asserts nothing about speed: the figures are printed an
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,25 +37,44 @@ LIMITS = {"env": 60, "tests": 560, "class": 400, "book": 300, "ddp": 260}
 
 
 def run(command: list[str], limit: float, env: dict | None = None) -> tuple[int, str, float]:
-    """Run `command` in the repository; return its exit code, its output and its seconds."""
+    """Run `command` in the repository, in a process group of its own; return its exit code,
+    its output and its seconds. One that runs past `limit` seconds ends with its whole group,
+    and its output ends with what every process was doing then (`ps`), so that a late step
+    says where the time went."""
     started = time.monotonic()
-    try:
-        done = subprocess.run(
-            command,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=limit,
-            env={**os.environ, **(env or {})},
-        )
-        code, out = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as late:
-        code, out = 124, f"{late.stdout or ''}{late.stderr or ''}\nran past {limit:g} s"
-    return (
-        code,
-        out if isinstance(out, str) else out.decode(errors="replace"),
-        (time.monotonic() - started),
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
     )
+    try:
+        out, _ = proc.communicate(timeout=limit)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        seen = processes_now()
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        code, out = 124, f"{out}\nran past {limit:g} s; the processes then:\n{seen}"
+    return code, out, time.monotonic() - started
+
+
+def processes_now() -> str:
+    """Return `ps`'s table of every process: state, CPU share, memory, threads, where each
+    waits in the kernel, and its command line, the busiest first."""
+    columns = "pid,ppid,stat,pcpu,rss,nlwp,wchan:22,etime,args"
+    try:
+        table = subprocess.run(
+            ["ps", "-eo", columns, "--sort=-pcpu"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(no ps: {e})"
+    load = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else ""
+    return f"load {load}\n" + "\n".join(line[:220] for line in table.splitlines()[:60])
 
 
 # ---- the steps, each run in a child: `python -m grader.benchmarks.gpu_check --step NAME` ----
@@ -102,7 +122,7 @@ def grade_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> d
     code, log, seconds = run(
         [sys.executable, "-m", "grader", "grade", str(folder / "submitted")]
         + ["--jobs", str(jobs), "--json", str(report)],
-        LIMITS["class"] / 2 - 10,
+        max(5, LIMITS["class"] / 2 - 10),
         env,
     )
     subs = json.loads(report.read_text())["submissions"] if report.exists() else []
@@ -150,6 +170,23 @@ def step_class(students: int, jobs: int, keep: Path) -> dict:
     return found
 
 
+def limits(given: list[str]) -> dict[str, float]:
+    """Return the limits `--limit STEP=SECONDS` gives, or exit saying which one is wrong."""
+    found = {}
+    for item in given:
+        name, _, seconds = item.partition("=")
+        try:
+            found[name] = float(seconds)
+        except ValueError:
+            found[name] = -1.0
+        if name not in LIMITS or found[name] <= 0:
+            sys.exit(
+                f"gpu-check: --limit {item!r}: give STEP=SECONDS, a step of "
+                f"{', '.join(STEPS)} and a number of seconds above 0"
+            )
+    return found
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m grader.benchmarks.gpu_check", description=__doc__)
     p.add_argument("--json", type=Path, default=Path("gpu-check.json"))
@@ -158,9 +195,19 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=max(2, min(8, (os.cpu_count() or 2) // 2)))
     p.add_argument("--epochs", type=int, default=10, help="the book's: 10")
     p.add_argument("--subset", type=int, nargs=2, metavar=("TRAIN", "TEST"), help="a try-out")
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="STEP=SECONDS",
+        help="a step's time limit, to fit a lease (defaults: "
+        + ", ".join(f"{k}={v}" for k, v in LIMITS.items())
+        + ")",
+    )
     p.add_argument("--step", help=argparse.SUPPRESS)  # a child's one step
     p.add_argument("--keep", type=Path, help=argparse.SUPPRESS)  # where the class's reports go
     args = p.parse_args()
+    LIMITS.update(limits(args.limit))
     if args.step:
         result = run_step(args)
         args.json.write_text(json.dumps(result, indent=1))
@@ -169,6 +216,7 @@ def main() -> None:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         sys.exit(f"gpu-check: no step {', '.join(unknown)}; the steps are {', '.join(STEPS)}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     for name in steps:
         results[name] = child_step(name, args)
@@ -186,6 +234,7 @@ def child_step(name: str, args: argparse.Namespace) -> dict:
         forwarded = ["--students", str(args.students), "--jobs", str(args.jobs)]
         forwarded += ["--epochs", str(args.epochs), "--keep", str(args.json.parent.resolve())]
         forwarded += ["--subset", *map(str, args.subset)] if args.subset else []
+        forwarded += [f"--limit={given}" for given in args.limit]
         code, log, seconds = run(
             [
                 sys.executable,
