@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from grader.front.warm_server import run_warm
 from grader.grading import grade_path
-from grader.manifest import load_manifest
+from grader.manifest import REPO, load_manifest
 from grader.sandbox import preload
 from grader.sandbox.fast import warm_client
 from tests.conftest import SOLUTIONS, python, write_notebook
@@ -171,3 +172,74 @@ def test_a_fenced_child_cannot_reach_the_warm_servers_socket(warm_folder, tmp_pa
     assert ex.score == 0
     assert socket_file.name not in said
     assert "Permission denied" in said or "[]" in said, said
+
+
+class FakeClock:
+    """A clock for the warm client's wait: sleeping moves it on, by as much as was asked."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        time.sleep(seconds)
+
+
+def test_a_warm_server_that_cannot_start_costs_no_wait(warm_folder, monkeypatch):
+    """A warm server that ends as it starts (here, a Python that cannot find its standard
+    library) is not waited for: the grader goes on without it at once, and later calls in the
+    same process neither start it again nor wait. Waiting 30 s on each call made a class
+    whose children could not import the grader look hung."""
+    monkeypatch.setenv("PYTHONHOME", str(warm_folder / "nowhere"))
+    clock = FakeClock()
+    monkeypatch.setattr(warm_client, "time", clock)
+    assert warm_client.connect_warm() is None
+    assert clock.now < 30.0, "it waited for a server that had ended"
+    place = warm_client.warm_place()
+    assert warm_client._started[place.path].returncode not in (None, 0)
+    waited = clock.now
+    assert warm_client.connect_warm() is None
+    assert clock.now == waited
+    assert warm_client.warm_servers(warm_folder) == []
+
+
+def python_without_the_lab(folder: Path) -> Path:
+    """Return a new Python with this one's packages but not the lab's editable install (the
+    .pth line adds the packages' folder as a plain path, whose own .pth files are not read):
+    the lab is then found only through a folder on its path, as in a checkout that is not
+    installed, run with a machine's own PyTorch."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    packages = next((folder / "lib").glob("python*/site-packages"))
+    paths = sysconfig.get_paths()
+    (packages / "this_pythons.pth").write_text(
+        "\n".join(dict.fromkeys([paths["purelib"], paths["platlib"]])) + "\n"
+    )
+    return folder / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["PYTHONPATH=.", "python -m grader in the checkout"])
+def test_a_checkout_that_is_not_installed_grades_as_an_installed_one(warm_folder, tmp_path, how):
+    """`make gpu-check PYTHON=python3` runs the grader from the checkout with PYTHONPATH=.:
+    its children, warm server and fence probe work in other folders, and once met "No module
+    named 'grader'", which gave the reference solutions 0 and no fence."""
+    plain = python_without_the_lab(tmp_path / "venv")
+    alone = subprocess.run([plain, "-c", "import grader"], cwd=tmp_path, capture_output=True)
+    assert alone.returncode != 0, "this Python finds the lab without being told where"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PYTHONPATH": "."} if how == "PYTHONPATH=." else {}
+    exercises = sum((["-e", e] for e in QUICK), [])
+    proc = subprocess.run(
+        [plain, "-m", "grader", "grade", str(SOLUTIONS / "from_scratch.ipynb"), *exercises],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO,
+    )
+    installed = quick_grade()
+    assert proc.returncode == installed.returncode == 0, proc.stderr
+    assert proc.stdout == installed.stdout  # the same fence, the same table

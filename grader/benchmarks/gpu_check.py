@@ -59,8 +59,17 @@ def run(command: list[str], limit: float, env: dict | None = None) -> tuple[int,
         seen = processes_now()
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        code, out = 124, f"{out}\nran past {limit:g} s; the processes then:\n{seen}"
+        code, out = 124, f"{out}{LATE}ran past {limit:g} s; the processes then:\n{seen}"
     return code, out, time.monotonic() - started
+
+
+LATE = "\n---- late ----\n"  # between what a late command wrote and what ran when it was ended
+
+
+def said_and_late(log: str) -> tuple[list[str], list[str]]:
+    """Return the lines a command wrote and, if it ran late, the lines that say what ran."""
+    said, _, late = log.partition(LATE)
+    return said.strip().splitlines(), late.strip().splitlines()
 
 
 def processes_now() -> str:
@@ -74,7 +83,9 @@ def processes_now() -> str:
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"(no ps: {e})"
     load = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else ""
-    return f"load {load}\n" + "\n".join(line[:220] for line in table.splitlines()[:60])
+    rows = table.splitlines()
+    user = [r for r in rows[1:] if not r.rstrip().endswith("]")]  # kernel threads left out
+    return f"load {load}\n" + "\n".join(line[:220] for line in [*rows[:1], *user[:40]])
 
 
 # ---- the steps, each run in a child: `python -m grader.benchmarks.gpu_check --step NAME` ----
@@ -110,7 +121,8 @@ def step_tests(out: Path) -> dict:
         LIMITS["tests"] - 10,
         {"MPLBACKEND": "Agg", "DPLAB_OFFLINE": "1"},
     )
-    return {"exit": code, "seconds": round(seconds, 1), "summary": log.strip().splitlines()[-40:]}
+    said, late = said_and_late(log)
+    return {"exit": code, "seconds": round(seconds, 1), "summary": said[-40:], "late": late}
 
 
 def grade_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> dict:
@@ -131,7 +143,8 @@ def grade_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> d
         "seconds": round(seconds, 1),
         "graded": len(subs),
         "by_id": {s["id"]: s for s in subs},
-        "said": log.strip().splitlines()[:2] + log.strip().splitlines()[-3:],
+        "said": said_and_late(log)[0][:2] + said_and_late(log)[0][-3:],
+        "late": said_and_late(log)[1],
     }
 
 

@@ -44,6 +44,7 @@ import os
 import resource
 import shlex
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -189,6 +190,23 @@ def needed_paths() -> list[str]:
     return list(dict.fromkeys([paths["stdlib"], paths["purelib"], paths["platlib"], str(REPO)]))
 
 
+def with_import_path(env: dict[str, str]) -> dict[str, str]:
+    """Return `env` with a PYTHONPATH that lets a process working in another folder import
+    the grader, dplab and labtext from where this process did: its entries made absolute,
+    and the folder that holds the grader added where this process found it on its own path
+    (`PYTHONPATH=.`, or `python -m grader` run in a checkout that is not installed). A child
+    started without it met "No module named 'grader'" in its scratch folder."""
+    entries = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    root = Path(__file__).resolve().parents[2]  # the folder that holds grader/
+    on_path = {Path(p or ".").resolve() for p in sys.path}
+    sites = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())}
+    if root in on_path and root not in sites and str(root) not in entries:
+        entries.append(str(root))
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    return env
+
+
 def can_read(paths: list[str]) -> bool:
     """Return True if this process may list and read every one of `paths`."""
     return all(os.access(p, os.R_OK | os.X_OK) for p in paths)
@@ -210,7 +228,12 @@ def _probe(fence: Fence) -> bool | None:
     probe = [*fence.prefix(CHILD_UIDS[-1]), sys.executable, "-c", _PROBE, *needed_paths()]
     try:
         proc = subprocess.run(
-            probe, capture_output=True, timeout=60, stdin=subprocess.DEVNULL, cwd="/"
+            probe,
+            capture_output=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+            env=with_import_path(dict(os.environ)),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

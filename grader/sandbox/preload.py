@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from grader.sandbox.fence import with_import_path
+
 
 @contextlib.contextmanager
 def uncollected() -> Iterator[None]:
@@ -159,6 +161,7 @@ WAIT_POLICY = "PASSIVE"
 def server_environment(folder: Path) -> dict[str, str]:
     """Return the fork server's environment (each child gets its own in its request)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADER_", "JUPYTER"))}
+    with_import_path(env)
     env.update(
         MPLBACKEND="Agg",
         MPLCONFIGDIR=str(folder / "matplotlib"),

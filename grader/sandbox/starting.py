@@ -14,7 +14,14 @@ from grader.base.check_devices import grading_mode
 from grader.base.protocol import ForkOrder
 from grader.sandbox import fast
 from grader.sandbox.collected import Limits
-from grader.sandbox.fence import Fence, choose_fence, limit_process, next_child_uid, private_paths
+from grader.sandbox.fence import (
+    Fence,
+    choose_fence,
+    limit_process,
+    next_child_uid,
+    private_paths,
+    with_import_path,
+)
 from grader.sandbox.preload import WAIT_POLICY
 
 # ---- starting a child --------------------------------------------------------------------
@@ -67,7 +74,7 @@ def base_environment() -> dict[str, str]:
         DPLAB_DATA_SOURCE="sample",  # the same data on every machine, full set installed or not
         PYTHONDONTWRITEBYTECODE="1",
     )
-    return env
+    return with_import_path(env)
 
 
 def child_environment(scratch: Path, threads: int) -> dict[str, str]:

@@ -115,23 +115,23 @@ def warm_place() -> WarmPlace | None:
     return WarmPlace(path, folder / f"{key}.log", env, idle)
 
 
-_started: set[Path] = set()  # the warm servers this process has started
+_started: dict[Path, subprocess.Popen] = {}  # the warm servers this process has started
 
 
-def start_warm(place: WarmPlace) -> None:
-    """Start the warm server at `place`, unless this process has started it already."""
-    if place.path in _started:
-        return
-    _started.add(place.path)
-    with open(place.log, "ab") as out:
-        subprocess.Popen(
-            [
-                sys.executable, "-m", "grader.front.warm_server", "--warm", str(place.path),
-                settings.FENCE.get(), f"{place.idle:g}",
-            ],
-            env=place.env, cwd=place.path.parent, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=out, start_new_session=True,
-        )  # fmt: skip
+def start_warm(place: WarmPlace) -> subprocess.Popen:
+    """Start the warm server at `place`, unless this process has started it already; return
+    its process."""
+    if place.path not in _started:
+        with open(place.log, "ab") as out:
+            _started[place.path] = subprocess.Popen(
+                [
+                    sys.executable, "-m", "grader.front.warm_server", "--warm", str(place.path),
+                    settings.FENCE.get(), f"{place.idle:g}",
+                ],
+                env=place.env, cwd=place.path.parent, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=out, start_new_session=True,
+            )  # fmt: skip
+    return _started[place.path]
 
 
 def connect_warm(session: bool = True, wait: bool = True) -> tuple[socket.socket, Path] | None:
@@ -144,11 +144,13 @@ def connect_warm(session: bool = True, wait: bool = True) -> tuple[socket.socket
         return None
     connection = _connect(place.path)
     if connection is None:
-        start_warm(place)
+        server = start_warm(place)
         if not wait:
             return None
-        deadline = time.monotonic() + 30.0  # it listens before it imports
-        while connection is None and time.monotonic() < deadline:
+        # It listens before it imports. One that has ended will not listen: a server that
+        # cannot start (its log says why) costs nothing, then or on any later call.
+        deadline = time.monotonic() + 30.0
+        while connection is None and server.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
             connection = _connect(place.path)
     if connection is not None and session:
