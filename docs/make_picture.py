@@ -2,12 +2,12 @@
 
     make picture        (or .venv/bin/python docs/make_picture.py)
 
-The picture is drawn from a real run, not typed in. The script takes the released
-from-scratch notebook, writes a catalogued mistake into the `allreduce` cell as a student
-would (`rebinds_list_entries` in grader/mistakes/allreduce.py), and runs in a Jupyter kernel,
-as JupyterLab does, the notebook's first cell, that cell, the demo under it and its check
-cell. Then it draws the `allreduce` cell and the check cell with its output, laid out as
-JupyterLab shows them, into docs/check-in-the-lab.png (a screenshot would need a browser;
+The picture is drawn from a real run, not typed in. The script takes the released from-scratch
+notebook, writes a catalogued mistake into the `allreduce` cell as a student would
+(`rebinds_list_entries` in grader/exercises/allreduce/private/mistakes.py), and runs in a
+Jupyter kernel, as JupyterLab does, the notebook's first cell, that cell, the demo under it and
+its check cell. Then it draws the `allreduce` cell and the check cell with its output, laid out
+as JupyterLab shows them, into docs/check-in-the-lab.png (a screenshot would need a browser;
 this needs only the lab's own packages). Run it again whenever the checks print something new.
 """
 
@@ -49,8 +49,8 @@ def run_cells() -> tuple[list[tuple[int, str]], str, str]:
     from nbclient import NotebookClient
 
     sys.path.insert(0, str(REPO))
+    from grader.exercises.catalogue import mistakes_of
     from grader.manifest import load_manifest
-    from grader.mistakes import mistakes_of
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]

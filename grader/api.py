@@ -3,7 +3,7 @@ process groups. A checks module imports from here and nowhere else of the grader
 
 How to add a check
 ------------------
-1. In `grader/checks/<exercise>.py`, write a *case*: a
+1. In `grader/exercises/<exercise>/checks.py`, write a *case*: a
    function of (student, ctx, **params) that calls the student's code and returns what it
    saw. It runs in the grading child, next to the student's code. Call the function the
    exercise asks for as `student.fn`; swap another of the student's names for the case's
@@ -38,9 +38,9 @@ How to add a check
 
 A variant of a case, with other inputs, is `book_demo.using("name", "what it does", n=4)`:
 its parameters are values, or functions of ctx that the grader computes from the case's seed.
-Hidden checks (`grader/hidden/<exercise>.py`) use public cases this way, so that their
-inputs stay on the instructor's side. `@error_hints` declares a function that turns an error
-the student's code raised into a hint naming the mistake.
+Hidden checks (`grader/exercises/<exercise>/private/hidden.py`) use public cases this way, so
+that their inputs stay on the instructor's side. `@error_hints` declares a function that turns
+an error the student's code raised into a hint naming the mistake.
 
 One mistake should cost the checks about it, and no others:
 - a case that records what the student's code does on the way (a training loop) calls it

@@ -27,17 +27,17 @@ class Exercise:
     @property
     def checks(self) -> str:
         """Return the module of its public checks, shipped to students."""
-        return f"grader.checks.{self.id}"
+        return f"grader.exercises.{self.id}.checks"
 
     @property
     def hidden(self) -> str:
         """Return the module of its hidden checks, kept on the instructor's side."""
-        return f"grader.hidden.{self.id}"
+        return f"grader.exercises.{self.id}.private.hidden"
 
     @property
     def mistakes(self) -> str:
         """Return the module of its catalogue of known wrong implementations."""
-        return f"grader.mistakes.{self.id}"
+        return f"grader.exercises.{self.id}.private.mistakes"
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Manifest:
         return list(dict.fromkeys(names))
 
     def package_folder(self, package: str) -> Path:
-        """Return the folder of a package of this repository, such as `grader.hidden`."""
+        """Return the folder of a package of this repository, such as
+        `grader.exercises.allreduce.private`."""
         return REPO.joinpath(*package.split("."))
 
     @property

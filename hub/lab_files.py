@@ -33,7 +33,9 @@ def instructions(path: Path) -> list[tuple[str, str]]:
 
 
 def stages() -> dict[str, dict]:
-    """Return each stage's parent stage and COPY instructions."""
+    """Return each stage's parent stage, COPY instructions (sources, destination and the stage
+    copied from, or None for the build context), the paths its `RUN rm -rf` removes, and its
+    CMD, HEALTHCHECK and USER."""
     found: dict[str, dict] = {}
     name = ""
     for word, rest in instructions(DOCKERFILE):
@@ -43,14 +45,18 @@ def stages() -> dict[str, dict]:
             found[name] = {
                 "parent": parts[0],
                 "copies": [],
+                "removes": [],
                 "cmd": None,
                 "health": None,
                 "user": None,
             }
         elif word == "COPY":
             args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+            origin = next((a.split("=", 1)[1] for a in args if a.startswith("--from=")), None)
             args = [a for a in args if not a.startswith("--")]
-            found[name]["copies"].append((args[:-1], args[-1]))
+            found[name]["copies"].append((args[:-1], args[-1], origin))
+        elif word == "RUN" and rest.startswith("rm -rf "):
+            found[name]["removes"] += shlex.split(rest)[2:]
         elif word == "CMD":
             found[name]["cmd"] = rest
         elif word == "HEALTHCHECK":
@@ -76,9 +82,8 @@ def ignored(relative: str, patterns: list[str]) -> bool:
     return False
 
 
-def image_files(stage: str, workdir_only: bool = False) -> set[str]:
-    """Return the repository files that the stage (with its parents) copies into the image
-    (with workdir_only, those copied to relative destinations, under WORKDIR /opt/lab)."""
+def build_context() -> list[str]:
+    """Return the repository files a build may copy: .dockerignore's patterns left out."""
     patterns = [
         p.strip()
         for p in (REPO / ".dockerignore").read_text().splitlines()
@@ -89,21 +94,41 @@ def image_files(stage: str, workdir_only: bool = False) -> set[str]:
         for p in REPO.rglob("*")
         if p.is_file() and not NEVER & set(p.relative_to(REPO).parts)
     ]
-    context = [p for p in context if not ignored(p, patterns)]
-    all_stages = stages()
+    return [p for p in context if not ignored(p, patterns)]
+
+
+def matches(path: str, source: str) -> bool:
+    """Return True when COPY's `source` (a file, a folder or a pattern) takes `path`: the
+    path itself or a folder above it matches."""
+    source = source.rstrip("/")
+    if source == ".":
+        return True
+    parts = path.split("/")
+    pattern = glob_regex(source)
+    return any(re.fullmatch(pattern, "/".join(parts[: i + 1])) for i in range(len(parts)))
+
+
+def image_files(stage: str, workdir_only: bool = False) -> set[str]:
+    """Return the repository files that the stage (with its parents) copies into the image
+    (with workdir_only, those copied to relative destinations, under WORKDIR /opt/lab). A
+    `COPY --from=STAGE` takes that stage's files (those under WORKDIR, where it copies them
+    to the same relative paths), less what a `RUN rm -rf` of that stage removed."""
+    return _image_files(stage, workdir_only, build_context(), stages())
+
+
+def _image_files(stage: str, workdir_only: bool, context: list[str], all_stages: dict) -> set[str]:
     files: set[str] = set()
     while stage in all_stages:
-        for sources, destination in all_stages[stage]["copies"]:
+        for sources, destination, origin in all_stages[stage]["copies"]:
             if workdir_only and destination.startswith("/") and destination != "/opt/lab":
                 continue
-            for source in sources:
-                source = source.rstrip("/")
-                for path in context:
-                    if (
-                        source == "."
-                        or re.fullmatch(glob_regex(source), path)
-                        or path.startswith(source + "/")
-                    ):
-                        files.add(path)
+            if origin is not None:
+                there = _image_files(origin, True, context, all_stages)
+                gone = all_stages[origin]["removes"]
+                there = {f for f in there if not any(matches(f, r) for r in gone)}
+                taken = [s.removeprefix("/opt/lab/") for s in sources]
+                files |= {f for f in there if any(matches(f, s) for s in taken)}
+                continue
+            files |= {path for path in context for source in sources if matches(path, source)}
         stage = all_stages[stage]["parent"]
     return files

@@ -171,6 +171,14 @@ def grade_source(
     return grade_in_process(ex, namespace, seed, only)
 
 
+def hidden_checks_file(exercise: str = "allreduce") -> Path:
+    """Return the file of an exercise's hidden checks, which must be there: a test that tries
+    to read a file that does not exist proves nothing about the fence."""
+    path = REPO / "grader" / "exercises" / exercise / "private" / "hidden.py"
+    assert path.is_file(), f"{path} is missing: the test would read nothing"
+    return path
+
+
 def python() -> str:
     """Return the interpreter running the tests (the project's virtual environment)."""
     return sys.executable

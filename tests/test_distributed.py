@@ -28,7 +28,7 @@ import grader.ranks.rankpool
 from dplab.devices import num_gpus
 from dplab.distributed import RankFailed, RanksHung, RanksTimedOut, launch
 from dplab.rank_watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet, where_from
-from grader.checks.train_ddp import plain_state, replay_on, training_steps
+from grader.exercises.train_ddp.checks import plain_state, replay_on, training_steps
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
 from grader.ranks.rankpool import RankPool

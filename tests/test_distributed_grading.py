@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
+from grader.exercises.catalogue import mistakes_of
 from grader.judge.registry import exercise_points
 from grader.manifest import load_manifest
-from grader.mistakes import mistakes_of
 from tests.conftest import python, write_notebook
 from tests.test_hostile import Server, replacing, sources
 
@@ -122,7 +122,7 @@ def ring_allreduce(tensor):
 FAKES_THE_SUMS = """
 def ring_allreduce(tensor):
     import sys
-    sys.modules["grader.checks.ring_allreduce"].all_reduce = lambda t, *a, **k: None
+    sys.modules["grader.exercises.ring_allreduce.checks"].all_reduce = lambda t, *a, **k: None
     return tensor
 """
 
@@ -253,7 +253,7 @@ def test_changing_the_grader_inside_a_rank_fails_the_runs_there(distributed_clas
     assert scores(sub)["ring_allreduce"] == 0
     said = text(sub, "ring_allreduce")
     assert "changed the grader's own code or torch" in said
-    assert "grader.checks.ring_allreduce.all_reduce" in said
+    assert "grader.exercises.ring_allreduce.checks.all_reduce" in said
     others_full(sub, "ring_allreduce")
 
 
@@ -491,7 +491,7 @@ def test_the_judges_network_is_the_same_whatever_another_thread_does_to_the_glob
 
     import torch
 
-    from grader.checks.average_gradients import grad_model
+    from grader.exercises.average_gradients.checks import grad_model
 
     wanted = [p.detach().clone() for p in grad_model(7).parameters()]
     assert wanted, "grad_model(7) has no parameters"

@@ -30,7 +30,7 @@ def private_folders() -> list[str]:
 
 def test_the_lab_image_has_no_solution_hidden_check_or_mistake():
     files = image_files("lab")
-    assert "grader/hidden/" in private_folders()  # read from the manifest
+    assert "grader/exercises/allreduce/private/" in private_folders()  # read from the manifest
     for private in private_folders():
         assert not [f for f in files if f.startswith(private)], private
 
@@ -63,7 +63,7 @@ def test_the_lab_image_has_what_a_student_needs():
     for needed in (
         "dplab/devices.py",
         "grader/manifest.toml",
-        "grader/checks/allreduce.py",
+        "grader/exercises/allreduce/checks.py",
         "grader/front/kernel.py",
         "docker/start-lab",
         "docker/lab-health",
@@ -84,7 +84,7 @@ def test_nothing_in_the_lab_image_reproduces_a_reference_solution():
 def test_the_grader_image_has_everything():
     files = image_files("grader")
     assert "solutions/multigpu/from_scratch.ipynb" in files
-    assert "grader/hidden/allreduce.py" in files
+    assert "grader/exercises/allreduce/private/hidden.py" in files
     assert ".venv" not in {f.split("/")[0] for f in files}
 
 

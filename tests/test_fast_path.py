@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from grader.exercises.catalogue import mistakes_of
 from grader.manifest import exercises_dir, load_manifest
-from grader.mistakes import mistakes_of
 from grader.tools.authoring import filled_in, reference_answers
 from tests.conftest import python
 

@@ -10,9 +10,9 @@ import subprocess
 import mistune
 import pytest
 
+from grader.exercises.allreduce.private.mistakes import rebinds_list_entries
 from grader.load.notebook import read_cells
 from grader.manifest import load_manifest
-from grader.mistakes.allreduce import rebinds_list_entries
 from grader.report.feedback import inline, item
 from grader.report.json_report import read_json
 from tests.conftest import SOLUTIONS, python, write_notebook

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from grader.manifest import REPO
+from grader.manifest import REPO, load_manifest
 from grader.sandbox.fence import choose_fence, private_paths
+from tests.conftest import hidden_checks_file
 
 SNIPPET = """
 import os, socket, sys
@@ -23,7 +24,7 @@ def attempt(what, action):
     except PermissionError as error:
         print(what, "refused:", error)
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2))
-attempt("read", lambda: open(sys.argv[2] + "/allreduce.py").read())
+attempt("read", lambda: open(sys.argv[2] + "/hidden.py").read())
 attempt("write", lambda: open({outside!r}, "w").write("x"))
 attempt("scratch", lambda: open(scratch / "ok.txt", "w").write("x"))
 attempt("spawn", lambda: os.system("true"))
@@ -37,7 +38,7 @@ def test_the_audit_hook_refuses_network_private_files_writes_and_processes(tmp_p
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     code = SNIPPET.replace("{port}", str(port)).replace("{outside!r}", repr(outside))
-    hidden = str(REPO / "grader" / "hidden")
+    hidden = str(hidden_checks_file().parent)
     proc = subprocess.run(
         [sys.executable, "-c", code, str(scratch), hidden],
         capture_output=True,
@@ -54,8 +55,11 @@ def test_the_audit_hook_refuses_network_private_files_writes_and_processes(tmp_p
 
 
 def test_the_private_folders_are_the_hidden_checks_solutions_mistakes_and_history():
-    names = {p.name for p in private_paths()}
-    assert {"hidden", "mistakes", "multigpu"} <= names
+    found = {str(p.relative_to(REPO)) for p in private_paths() if p.is_relative_to(REPO)}
+    exercises = {f"grader/exercises/{ex.id}/private" for ex in load_manifest().exercises}
+    assert exercises | {"solutions/multigpu", ".git"} <= found
+    for folder in exercises:  # each holds its exercise's hidden checks and mistakes
+        assert {"hidden.py", "mistakes.py"} <= {p.name for p in (REPO / folder).iterdir()}
 
 
 def test_the_fence_says_what_it_enforces():
@@ -75,7 +79,7 @@ def test_without_namespaces_the_audit_hook_still_keeps_a_submission_in(tmp_path)
     server = sockets.create_server(("127.0.0.1", 0))
     server.settimeout(0.1)
     port = server.getsockname()[1]
-    private = [str(REPO / "grader" / "hidden" / "allreduce.py"), str(SOLUTIONS / "concise.ipynb")]
+    private = [str(hidden_checks_file()), str(SOLUTIONS / "concise.ipynb")]
     body = (
         "def get_params(params, device):\n"
         f"    for path in {private!r}:\n"

@@ -6,8 +6,8 @@ import torch
 import dplab
 from dplab.devices import lab_devices, num_gpus
 from dplab.sim.device import backing
+from grader.exercises.catalogue import mistakes_of
 from grader.manifest import load_manifest
-from grader.mistakes import mistakes_of
 from tests.conftest import fresh_solution, grade_in_process
 
 needs_gpu = pytest.mark.skipif(num_gpus() < 1, reason="needs a CUDA GPU")

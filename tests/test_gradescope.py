@@ -109,7 +109,7 @@ def test_the_zip_has_gradescopes_scripts_at_its_top_and_no_private_folder(bundle
     assert names[:2] == ["setup.sh", "run_autograder"]
     assert modes["run_autograder"] & 0o111 and modes["setup.sh"] & 0o111
     assert "requirements/lab.txt" in names and "grader/manifest.toml" in names
-    assert any(n.startswith("grader/hidden/") for n in names)  # the instructor's own zip
+    assert any(n.endswith("/private/hidden.py") for n in names)  # the instructor's own zip
     assert any(n.startswith("solutions/") for n in names)
     assert not [n for n in names if n.startswith(("tests/", ".venv/", ".git/", "work/"))]
 

@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from grader.judge.registry import assignment_points, exercise_points
-from grader.manifest import REPO, load_manifest
-from tests.conftest import SOLUTIONS, python, write_notebook
+from grader.manifest import load_manifest
+from tests.conftest import SOLUTIONS, hidden_checks_file, python, write_notebook
 
 MANIFEST = load_manifest()
 SCRATCH_POINTS = sum(exercise_points(ex) for ex in MANIFEST.in_notebook("from_scratch.ipynb"))
@@ -141,7 +141,7 @@ def build_class(root, server_port, reports):
         ),
     )
     private = [
-        str(REPO / "grader" / "hidden" / "allreduce.py"),
+        str(hidden_checks_file()),
         str(SOLUTIONS / "from_scratch.ipynb"),
     ]
     student(

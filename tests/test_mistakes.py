@@ -4,8 +4,9 @@ import importlib
 
 import pytest
 
+from grader.exercises.catalogue import mistakes_of, variant
+from grader.exercises.train_dataparallel.private import mistakes as train_dataparallel
 from grader.manifest import load_manifest
-from grader.mistakes import mistakes_of, train_dataparallel, variant
 from tests.conftest import fresh_solution, grade_in_process, grade_source, verdicts_of_source
 
 CATALOGUE = [

@@ -16,8 +16,8 @@ import subprocess
 import nbformat
 import pytest
 
+from grader.exercises.catalogue import mistakes_of
 from grader.judge.registry import assignment_points
-from grader.mistakes import mistakes_of
 from grader.tools.authoring import filled_in, reference_answers
 from tests.conftest import EXERCISES, SOLUTIONS, python
 from tests.nbgrader_course import (

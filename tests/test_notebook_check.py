@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from grader.exercises.catalogue import mistakes_of
 from grader.front.kernel import check
 from grader.manifest import load_manifest
-from grader.mistakes import mistakes_of
 from tests.conftest import fresh_solution
 
 

@@ -273,8 +273,8 @@ def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
         "from grader.sandbox.preload import preload, the_rest\n"
         "preload()\n"
         "for step in the_rest(): step()\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('grader.hidden', "
-        "'grader.mistakes', 'grader.load.reference', 'reference_'))))"
+        "print(sorted(m for m in sys.modules if '.private' in m or m.startswith(("
+        "'grader.load.reference', 'reference_'))))"
     )
     done = subprocess.run([python(), "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 import grader.tools.translate as translate
-from grader.checks import train_ddp, train_loop
+from grader.exercises.train_ddp import checks as train_ddp
+from grader.exercises.train_loop import checks as train_loop
 from grader.manifest import REPO, Exercise, load_manifest
 
 MANIFEST = load_manifest()

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from grader import settings
+from grader.exercises.catalogue import mistakes_of
 from grader.front.grade_class import Outputs, expand, grade_class
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
-from grader.mistakes import mistakes_of
 from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
 from grader.sandbox.fast import fork_server, start_mode

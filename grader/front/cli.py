@@ -35,7 +35,7 @@ def exercise_table() -> str:
 
 def mistake_table(exercises: list[str] | None = None) -> str:
     """Return the catalogue of known mistakes as a Markdown table."""
-    from grader.mistakes import mistakes_of
+    from grader.exercises.catalogue import mistakes_of
 
     manifest = load_manifest()
     wanted = [manifest.exercise(e) for e in exercises] if exercises else manifest.exercises
@@ -262,7 +262,9 @@ def parser() -> argparse.ArgumentParser:
     msg.add_argument(
         "--language", default="zh_CN", help="the catalogue to look at (missing, locations)"
     )
-    msg.add_argument("--under", help="only messages from here, e.g. grader/checks/allreduce.py")
+    msg.add_argument(
+        "--under", help="only messages from here, e.g. grader/exercises/allreduce/checks.py"
+    )
     return p
 
 

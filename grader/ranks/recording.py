@@ -64,7 +64,7 @@ def recording_calls(
     code reaches it (`dist.all_reduce`, `torch.distributed.all_reduce`, or a name imported
     into `namespace`, the student's notebook). The calls go through to torch unchanged;
     `describe(name, tensor)`, if given, adds to each call's record what it says of the tensor
-    passed, before the call runs (see grader.checks.average_gradients' `held_in`)."""
+    passed, before the call runs (see grader.exercises.average_gradients.checks' `held_in`)."""
     calls: list[dict] = []
     depth = [0]  # torch's own functions call each other (send calls isend): note the outer one
     wrappers = {}

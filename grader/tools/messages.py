@@ -60,19 +60,19 @@ def of_checks() -> list[Message]:
 
 
 def hidden_only() -> set[str]:
-    """Return the messages that only the hidden checks say (their code in grader/hidden/, and
-    their docstrings and hints): their translations stay with them, out of the students'
-    image (i18n/<language>/hidden/)."""
+    """Return the messages that only the hidden checks say (their code in
+    grader/exercises/*/private/, and their docstrings and hints): their translations stay
+    with them, out of the students' image (i18n/<language>/hidden/)."""
     from grader.judge.registry import hidden_available, hidden_checks
     from grader.manifest import load_manifest
 
-    said_in_hidden = {m.text for m in in_code() if m.where.startswith("grader/hidden/")}
+    said_in_hidden = {m.text for m in in_code() if "/private/" in m.where}
     for ex in load_manifest().exercises:
         if hidden_available(ex):
             said_in_hidden |= {
                 t for c in hidden_checks(ex) for t in (c.doc, c.hint, c.because) if t
             }
-    public = {m.text for m in in_code() if not m.where.startswith("grader/hidden/")}
+    public = {m.text for m in in_code() if "/private/" not in m.where}
     public |= {m.text for m in of_checks() if m.text not in said_in_hidden}
     return said_in_hidden - public
 

@@ -1,0 +1,37 @@
+"""Hidden checks of `average_gradients_bucketed`: another bucket size."""
+
+from grader.api import _, check, expect, groups_finished
+from grader.exercises.average_gradients.checks import gradients_of_a_shard
+from grader.exercises.average_gradients_bucketed.checks import (
+    BUCKET_HINT,
+    expect_mean_with_buckets,
+    expected_buckets,
+    reduced,
+)
+
+OTHER_MB = 0.002
+
+other_buckets = gradients_of_a_shard.using(
+    "other_buckets",
+    "The shard's gradients with bucket_mb=0.002.",
+    arguments={"bucket_mb": OTHER_MB},
+)
+
+
+@check(other_buckets, points=2, hint=BUCKET_HINT)
+def right_means_and_bucket_count_with_another_size(seen, ctx):
+    """With bucket_mb=0.002, the means are right and each bucket has one all_reduce."""
+    expect_mean_with_buckets(seen, ctx)
+    wanted = len(expected_buckets(False, OTHER_MB))
+    for n, ranks in groups_finished(seen):
+        for rank, result in enumerate(ranks):
+            count = len(reduced(result))
+            expect(
+                count == wanted,
+                _(
+                    "with {n} processes, rank {rank} called all_reduce {count} times; "
+                    "bucket_mb={bucket_mb} makes {wanted} buckets"
+                ).format(n=n, rank=rank, count=count, bucket_mb=OTHER_MB, wanted=wanted),
+                # the public checks judge these causes: too many calls, or buckets too big
+                see="one_all_reduce_per_bucket" if count > wanted else "no_bucket_over_the_limit",
+            )

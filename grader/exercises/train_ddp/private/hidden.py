@@ -1,0 +1,58 @@
+"""Hidden checks of `train_ddp`: another global batch, learning rate and number of epochs."""
+
+from grader.api import _, check, expect, expect_close
+from grader.exercises.train_ddp.checks import (
+    expect_the_given_optimizer,
+    finished_runs,
+    plain_state,
+    replay,
+    step_sizes,
+    training_run,
+    training_steps,
+)
+
+LR, BATCH, EPOCHS = 0.2, 48, 3
+
+another_run = training_run.using(
+    "another_run",
+    "Three epochs with a global batch of 48 and a learning rate of 0.2.",
+    num_epochs=EPOCHS,
+    batch_size=BATCH,
+    lr=LR,
+)
+
+
+@check(
+    another_run,
+    points=2,
+    hint="Use num_epochs, batch_size (the global batch, split over the ranks) and lr as given.",
+)
+def matches_one_process_with_other_settings(seen, ctx):
+    """With batch 48, lr 0.2 and 3 epochs, the ranks agree with one process's replay."""
+    for g in finished_runs(seen):
+        steps = training_steps(g.ranks[0]["log"])
+        expect(
+            len(steps) == EPOCHS * 96 // BATCH,
+            _(
+                "with {n} processes, rank 0 took {steps} training steps; 3 epochs of 96 "
+                "examples in global batches of {batch} take {wanted}"
+            ).format(n=g.n, steps=len(steps), batch=BATCH, wanted=EPOCHS * 96 // BATCH),
+            # a rank's batch that is not its share of the global batch changes the count too
+            see=None
+            if step_sizes(g.ranks[0]["log"]) == [BATCH // g.n]
+            else "each_rank_takes_its_share_of_the_global_batch",
+        )
+        for r in g.each_rank():
+            expect_the_given_optimizer(r, LR)
+        single = replay(list(g.ranks.values()), ctx.seed, LR)
+        for r in g.each_rank():
+            for name, value in plain_state(r.record["final"]).items():
+                expect_close(
+                    value,
+                    single[name],
+                    _("with {n} processes, rank {rank}'s {name}").format(
+                        n=r.n, rank=r.rank, name=name
+                    ),
+                    rtol=1e-4,
+                    atol=1e-5,
+                )
