@@ -6,7 +6,12 @@ the memory formulas, checked against one process on gloo ranks.
 
 Next session: move these into solutions/multigpu/sharded.ipynb as solution cells, with
 checks, hidden checks and a mistake catalogue (see the closing note of the stop that added
-this file)."""
+this file). Known gaps: stage 1 here all-reduces the gradients, which sends half as much
+again as DDP; as the ZeRO paper has it, stage 1 reduce-scatters them too (the full gradient
+is kept, not sent), so stages 1 and 2 send what DDP sends and differ in memory alone, and
+stage 3 sends 1.5 times as much (a second all-gather in the backward). On torch 2.14 gloo
+has reduce_scatter_tensor and all_gather_into_tensor, refuses an all_gather of uneven
+sizes, and runs ZeroRedundancyOptimizer and fully_shard on the CPU."""
 
 import os
 import sys
