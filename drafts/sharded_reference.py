@@ -6,10 +6,11 @@ the memory formulas, checked against one process on gloo ranks.
 
 Next session: move these into solutions/multigpu/sharded.ipynb as solution cells, with
 checks, hidden checks and a mistake catalogue (see the closing note of the stop that added
-this file). Known gaps: stage 1 here all-reduces the gradients, which sends half as much
-again as DDP; as the ZeRO paper has it, stage 1 reduce-scatters them too (the full gradient
-is kept, not sent), so stages 1 and 2 send what DDP sends and differ in memory alone, and
-stage 3 sends 1.5 times as much (a second all-gather in the backward). On torch 2.14 gloo
+this file). Counted at rank 0's sends in one step of the toy model (58 values): DDP, ZeRO-1
+and ZeRO-2 send the same (232, 308 and 344 bytes at 2, 3 and 4 ranks), ZeRO-3 1.5 times as
+much (348, 464, 516: a second all-gather in the backward), as the ZeRO paper says; stages 1
+and 2 differ in memory alone (stage 2 frees each gradient bucket once sent, which this
+draft, building the gradient whole, does not show). On torch 2.14 gloo
 has reduce_scatter_tensor and all_gather_into_tensor, refuses an all_gather of uneven
 sizes, and runs ZeroRedundancyOptimizer and fully_shard on the CPU."""
 
@@ -44,6 +45,13 @@ def memory_per_rank(
 
 # ---- 2. the ring's two halves --------------------------------------------------------------
 
+SENT = [0]  # bytes this rank has sent, for the communication figures
+
+
+def send(tensor: torch.Tensor, to: int):
+    SENT[0] += tensor.numel() * tensor.element_size()
+    return dist.isend(tensor, to)
+
 
 def reduce_scatter(flat: torch.Tensor) -> torch.Tensor:
     """Return this rank's chunk (`tensor_split` into world chunks) of the sum of every rank's
@@ -52,9 +60,9 @@ def reduce_scatter(flat: torch.Tensor) -> torch.Tensor:
     chunks = [c.clone() for c in flat.tensor_split(world)]
     right, left = (rank + 1) % world, (rank - 1) % world
     for step in range(world - 1):
-        send, recv = (rank - step - 1) % world, (rank - step - 2) % world
+        send_i, recv = (rank - step - 1) % world, (rank - step - 2) % world
         incoming = torch.empty_like(chunks[recv])
-        requests = [dist.isend(chunks[send], right), dist.irecv(incoming, left)]
+        requests = [send(chunks[send_i], right), dist.irecv(incoming, left)]
         for r in requests:
             r.wait()
         chunks[recv] += incoming
@@ -69,8 +77,8 @@ def all_gather(shard: torch.Tensor, total: int) -> torch.Tensor:
     chunks[rank].copy_(shard)
     right, left = (rank + 1) % world, (rank - 1) % world
     for step in range(world - 1):
-        send, recv = (rank - step) % world, (rank - step - 1) % world
-        requests = [dist.isend(chunks[send].contiguous(), right), dist.irecv(chunks[recv], left)]
+        send_i, recv = (rank - step) % world, (rank - step - 1) % world
+        requests = [send(chunks[send_i].contiguous(), right), dist.irecv(chunks[recv], left)]
         for r in requests:
             r.wait()
     return torch.cat(chunks)
@@ -81,9 +89,8 @@ def all_gather(shard: torch.Tensor, total: int) -> torch.Tensor:
 
 class ShardedOptimizer:
     """ZeRO-1 (stage 1) or ZeRO-2 (stage 2) over the model's flat parameter vector: each rank
-    keeps `optimizer_cls`'s state for its chunk alone and steps that chunk; the updated
-    chunks then reach every rank (all_gather). Stage 1 all-reduces the gradients first (as
-    DDP does); stage 2 reduce-scatters them, so each rank holds its chunk's gradient alone."""
+    keeps `optimizer_cls`'s state for its chunk alone and steps that chunk, on its chunk of
+    the reduce-scattered gradient; the updated chunks then reach every rank (all_gather)."""
 
     def __init__(self, params, optimizer_cls, stage: int = 1, **kwargs) -> None:
         self.params = [p for p in params if p.requires_grad]
@@ -97,11 +104,9 @@ class ShardedOptimizer:
     def step(self) -> None:
         world = dist.get_world_size()
         grads = torch.cat([p.grad.reshape(-1) for p in self.params])
-        if self.stage >= 2:
-            self.shard.grad = reduce_scatter(grads) / world
-        else:
-            dist.all_reduce(grads)
-            self.shard.grad = grads.tensor_split(world)[dist.get_rank()] / world
+        # Both stages reduce-scatter: stage 1 keeps the whole gradient (here `grads`, built
+        # whole), stage 2 would free each bucket once it is sent (not shown at this size).
+        self.shard.grad = reduce_scatter(grads) / world
         self.inner.step()
         flat = all_gather(self.shard.detach(), self.total)
         offset = 0
@@ -208,6 +213,32 @@ def one_process(optimizer_cls, steps, **kwargs):
     return [p.detach().clone() for p in net.parameters()]
 
 
+def bytes_per_step(world: int) -> tuple[int, ...]:
+    """Bytes this rank sends in one training step of each strategy, counted at its sends."""
+    rank = dist.get_rank()
+    X, y = batches(1)[0]
+    Xs, ys = X.tensor_split(world)[rank], y.tensor_split(world)[rank]
+    found = []
+    net = model()  # DDP: a ring all-reduce of the whole gradient, as its two halves
+    nn.functional.cross_entropy(net(Xs), ys).backward()
+    SENT[0] = 0
+    grads = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+    all_gather(reduce_scatter(grads), grads.numel())
+    found.append(SENT[0])
+    for stage in (1, 2):
+        net = model()
+        opt = ShardedOptimizer(net.parameters(), torch.optim.SGD, stage=stage, lr=0.1)
+        nn.functional.cross_entropy(net(Xs), ys).backward()
+        SENT[0] = 0
+        opt.step()
+        found.append(SENT[0])
+    net3 = shard_model(model())
+    SENT[0] = 0
+    nn.functional.cross_entropy(net3(Xs), ys).backward()
+    found.append(SENT[0])
+    return tuple(found)
+
+
 def body(rank, world, port, results):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -251,6 +282,7 @@ def body(rank, world, port, results):
             sum(m.shard.numel() for m in net3 if isinstance(m, ShardedLayer)),
             sum(r.numel() for r in ref),
         )
+    found["bytes per step (DDP, ZeRO-1, ZeRO-2, ZeRO-3)"] = bytes_per_step(world)
     if rank == 0:
         results.update(found)
     dist.barrier()
