@@ -72,12 +72,13 @@ def glob_regex(pattern: str) -> str:
     return regex.replace(r"\?", "[^/]").replace("\0", ".*")
 
 
-def ignored(relative: str, patterns: list[str]) -> bool:
-    """Return True when .dockerignore keeps this path (or a folder above it) out."""
-    parts = relative.split("/")
+def under(path: str, patterns: list[str]) -> bool:
+    """Return True when one of the Docker path `patterns` (of .dockerignore, COPY or `rm -rf`)
+    names `path` or a folder above it; "." names every path."""
+    parts = path.split("/")
     prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    for pattern in patterns:
-        if any(re.fullmatch(glob_regex(pattern), p) for p in prefixes):
+    for pattern in (p.rstrip("/") for p in patterns):
+        if pattern == "." or any(re.fullmatch(glob_regex(pattern), p) for p in prefixes):
             return True
     return False
 
@@ -94,18 +95,7 @@ def build_context() -> list[str]:
         for p in REPO.rglob("*")
         if p.is_file() and not NEVER & set(p.relative_to(REPO).parts)
     ]
-    return [p for p in context if not ignored(p, patterns)]
-
-
-def matches(path: str, source: str) -> bool:
-    """Return True when COPY's `source` (a file, a folder or a pattern) takes `path`: the
-    path itself or a folder above it matches."""
-    source = source.rstrip("/")
-    if source == ".":
-        return True
-    parts = path.split("/")
-    pattern = glob_regex(source)
-    return any(re.fullmatch(pattern, "/".join(parts[: i + 1])) for i in range(len(parts)))
+    return [p for p in context if not under(p, patterns)]
 
 
 def image_files(stage: str, workdir_only: bool = False) -> set[str]:
@@ -125,10 +115,9 @@ def _image_files(stage: str, workdir_only: bool, context: list[str], all_stages:
             if origin is not None:
                 there = _image_files(origin, True, context, all_stages)
                 gone = all_stages[origin]["removes"]
-                there = {f for f in there if not any(matches(f, r) for r in gone)}
                 taken = [s.removeprefix("/opt/lab/") for s in sources]
-                files |= {f for f in there if any(matches(f, s) for s in taken)}
+                files |= {f for f in there if under(f, taken) and not under(f, gone)}
                 continue
-            files |= {path for path in context for source in sources if matches(path, source)}
+            files |= {path for path in context if under(path, sources)}
         stage = all_stages[stage]["parent"]
     return files

@@ -138,13 +138,14 @@ def grade_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> d
         env,
     )
     subs = json.loads(report.read_text())["submissions"] if report.exists() else []
+    said, late = said_and_late(log)
     return {
         "exit": code,
         "seconds": round(seconds, 1),
         "graded": len(subs),
         "by_id": {s["id"]: s for s in subs},
-        "said": said_and_late(log)[0][:2] + said_and_late(log)[0][-3:],
-        "late": said_and_late(log)[1],
+        "said": said[:2] + said[-3:],
+        "late": late,
     }
 
 
