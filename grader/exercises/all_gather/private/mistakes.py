@@ -1,0 +1,71 @@
+"""Known wrong versions of `all_gather`, from one template of a right one."""
+
+from grader.exercises.catalogue import Mistake, variant
+
+TEMPLATE = """
+def all_gather(shard, numel):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    <<RESULT>>
+    <<CHUNKS>>
+    chunks[rank].copy_(shard.reshape(-1))
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(world - 1):
+        send = chunks[(rank - step <<SHIFT>>) % world]
+        receive = chunks[(rank - step <<SHIFT>> - 1) % world]
+        request = dist.isend(send, right) if send.numel() else None
+        if receive.numel():
+            dist.recv(receive, left)
+        if request is not None:
+            request.wait()
+    return result
+"""
+
+RIGHT = {
+    "RESULT": "result = torch.empty(numel, dtype=shard.dtype)",
+    "CHUNKS": "chunks = list(result.tensor_split(world))",
+    "SHIFT": "",
+}
+
+result_in_float32 = Mistake(
+    source=variant(TEMPLATE, RIGHT, RESULT="result = torch.empty(numel)"),
+    fails="keeps_dtypes_and_integers_exact",
+    hint_mentions="shard's dtype",
+)
+
+equal_chunks_assumed = Mistake(
+    source=variant(
+        TEMPLATE,
+        RIGHT,
+        CHUNKS="""size = shard.numel()
+    chunks = [result[i * size:(i + 1) * size] for i in range(world)]""",
+    ),
+    fails="works_for_any_length",
+    hint_mentions="tensor_split",
+    seen_in="every chunk taken as long as this rank's own",
+)
+
+gathers_with_the_collective = Mistake(
+    source="""
+def all_gather(shard, numel):
+    world = dist.get_world_size()
+    sizes = [len(c) for c in torch.empty(numel).tensor_split(world)]
+    parts = [torch.empty(n, dtype=shard.dtype) for n in sizes]
+    dist.all_gather(parts, shard.reshape(-1).clone())
+    return torch.cat(parts)
+""",
+    fails="uses_only_point_to_point_calls",
+    hint_mentions="only point-to-point",
+    seen_in="dist.all_gather, which gloo runs only where the chunks are equal",
+    also={
+        "works_for_any_length": "gloo refuses an all_gather of unequal sizes: that is a fault "
+        "of its own, on other inputs",
+        "keeps_dtypes_and_integers_exact": "the dtypes case has lengths the ranks cannot split "
+        "evenly, where gloo refuses too",
+    },
+)
+
+shifted_chunks = Mistake(
+    source=variant(TEMPLATE, RIGHT, SHIFT="+ 1"),
+    fails="every_rank_gets_the_whole_tensor",
+    hint_mentions="in the wrong places",
+)

@@ -1,0 +1,4 @@
+"""The exercise `reduce_scatter` of sharded.ipynb (reduce-scatter from sends and receives): its
+public checks (checks.py), which students get, and in private/ what they never get. Its
+modules import `grader.api`, other exercises' public checks and
+`grader.exercises.catalogue`."""

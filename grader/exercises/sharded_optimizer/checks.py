@@ -1,0 +1,264 @@
+"""Public checks of `ShardedOptimizer(params, optimizer_cls, **kwargs)`, ZeRO's stage 1: each
+rank keeps the optimizer's state for its own chunk of the parameters, steps that chunk, and
+the updated chunks reach every rank.
+
+Each case runs in groups of 2, 3 and 4 processes (grader.ranks). Every rank builds the same
+small network (that of grader.exercises.average_gradients.checks) and the student's
+optimizer over it, then takes three steps: its shard of a global batch of 24 forward and
+backward, the gradients averaged by the grader's own all_reduce (as DDP would), then the
+student's `step()`. The checks compare the weights with one process that ran the same
+optimizer on the whole batches, and count the optimizer state that each rank keeps.
+"""
+
+import functools
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grader.api import (
+    N_,
+    Crash,
+    Raised,
+    _,
+    all_reduce,
+    apart,
+    case,
+    check,
+    error_hints,
+    expect,
+    expect_close,
+    groups_finished,
+    in_every_size,
+    in_rank,
+)
+from grader.exercises.average_gradients.checks import global_batch, grad_model
+
+STEPS = 3
+OPTIMIZERS = {  # name: (class, settings, values of state per parameter value)
+    "SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, 1),
+    "Adam": (torch.optim.Adam, {"lr": 0.01}, 2),
+}
+STEP_HINT = N_(
+    "In step(): give this rank's chunk its part of the flat gradient (torch.cat of the "
+    "p.grad, tensor_split(world_size)[rank]), step the inner optimizer, then all_gather the "
+    "chunks and copy the values back into every parameter."
+)
+NOT_SHARED_HINT = N_(
+    "Each rank's own chunk of the weights is right, the rest never changed: the updated "
+    "chunks must reach every rank. After the inner step, all_gather the chunks and copy the "
+    "whole vector back into the parameters."
+)
+
+
+def trained(p) -> bool:
+    return p.requires_grad
+
+
+def optimizers_in(obj, depth: int = 2) -> list[torch.optim.Optimizer]:
+    """Return the torch optimizers that `obj` is or holds in its attributes (lists and dicts
+    included), `depth` levels down."""
+    found = [obj] if isinstance(obj, torch.optim.Optimizer) else []
+    if depth:
+        values = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+        for value in values:
+            items = value.values() if isinstance(value, dict) else value
+            members = items if isinstance(value, list | tuple | dict) else [value]
+            for member in members:
+                if isinstance(member, torch.optim.Optimizer) or hasattr(member, "__dict__"):
+                    if not isinstance(member, torch.Tensor | nn.Module):
+                        found += optimizers_in(member, depth - 1)
+    unique = {id(o): o for o in found}
+    return list(unique.values())
+
+
+def state_values(obj) -> int:
+    """Return how many values of state the optimizers that `obj` holds keep (scalars left out)."""
+    tensors = {
+        id(t): t
+        for opt in optimizers_in(obj)
+        for per_param in opt.state.values()
+        for t in per_param.values()
+        if torch.is_tensor(t) and t.dim()
+    }
+    return sum(t.numel() for t in tensors.values())
+
+
+def training_body(student, seed: int, optimizer: str, frozen: bool = False):
+    """Return the function each rank runs: the student's optimizer over the checks' network,
+    then three steps on the rank's shards of three global batches."""
+
+    def body():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        cls, settings, _k = OPTIMIZERS[optimizer]
+        net = grad_model(seed, frozen)
+        params = list(net.parameters())
+        made = in_rank(lambda: student.fn(net.parameters(), cls, **settings))
+        if made["raised"] is not None:
+            return {"raised": made["raised"], "at": made["at"], "steps": 0}
+        opt = made["returned"]
+        for step in range(STEPS):
+            X, y = global_batch(seed + step)
+            X, y = X.tensor_split(world)[rank], y.tensor_split(world)[rank]
+            for p in params:
+                p.grad = None
+            nn.functional.cross_entropy(net(X), y).backward()
+            for p in params:
+                if p.grad is not None:
+                    all_reduce(p.grad)
+                    p.grad /= world
+            stepped = in_rank(opt.step)
+            if stepped["raised"] is not None:
+                return {"raised": stepped["raised"], "at": stepped["at"], "steps": step}
+        weights = [p.detach().clone() for p in params]
+        state = state_values(opt)
+        cleared = in_rank(opt.zero_grad)
+        return {
+            "raised": None,
+            "weights": weights,
+            "state": state,
+            "zeroed": cleared["raised"],
+            "grads_after": [None if p.grad is None else bool(p.grad.any()) for p in params],
+        }
+
+    return body
+
+
+@case(holds=("all_gather", "reduce_scatter"))
+def training_steps(student, ctx, frozen: bool = False):
+    """Three steps of SGD with momentum, then of Adam, in groups of 2, 3 and 4 (with the
+    reference's all_gather and reduce_scatter where it is at hand, so that a wrong one costs
+    only its own checks)."""
+    return {
+        name: in_every_size(
+            functools.partial(training_body, seed=ctx.seed, optimizer=name, frozen=frozen),
+            student,
+        )
+        for name in OPTIMIZERS
+    }
+
+
+# ---- judging ------------------------------------------------------------------------------
+
+
+def one_process(seed: int, optimizer: str, frozen: bool = False) -> list[torch.Tensor]:
+    """Return the weights of one process after the same steps on the whole batches (apart)."""
+    return apart(_one_process, seed, optimizer, frozen)
+
+
+def _one_process(seed: int, optimizer: str, frozen: bool) -> list[torch.Tensor]:
+    cls, settings, _k = OPTIMIZERS[optimizer]
+    net = grad_model(seed, frozen)
+    opt = cls([p for p in net.parameters() if p.requires_grad], **settings)
+    for step in range(STEPS):
+        X, y = global_batch(seed + step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(X), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def plain(value):
+    return getattr(value, "value", value)
+
+
+def own_chunk_only(weights: list, expected: list, start: list, rank: int, n: int) -> bool:
+    """Return True when the rank's own chunk of the flat weights is right and the rest still
+    holds the starting weights: the updated chunks were never shared."""
+    if not all(isinstance(plain(w), torch.Tensor) for w in weights):
+        return False
+    got = torch.cat([plain(w).reshape(-1) for w in weights])
+    want = torch.cat([e.reshape(-1) for e in expected])
+    first = torch.cat([s.reshape(-1) for s in start])
+    if got.shape != want.shape:
+        return False
+    mine = [c.clone() for c in got.tensor_split(n)]
+    return all(
+        torch.allclose(c, (want if r == rank else first).tensor_split(n)[r], 1e-4, 1e-5)
+        for r, c in enumerate(mine)
+    ) and not torch.allclose(got, want, 1e-4, 1e-5)
+
+
+def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
+    """Fail unless every rank's weights equal one process's after the same steps."""
+    start = [p.detach() for p in grad_model(ctx.seed, frozen).parameters()]
+    for name, groups in seen.items():
+        expected = one_process(ctx.seed, name, frozen)
+        for n, ranks in groups_finished(groups):
+            for rank, result in enumerate(ranks):
+                weights = result["weights"]
+                hint = (
+                    NOT_SHARED_HINT if own_chunk_only(weights, expected, start, rank, n) else None
+                )
+                for i, (w, e) in enumerate(zip(weights, expected, strict=True)):
+                    label = _(
+                        "{optimizer}, with {n} processes: rank {rank}'s parameter {i} after "
+                        "{steps} steps"
+                    ).format(optimizer=name, n=n, rank=rank, i=i, steps=STEPS)
+                    expect_close(w, e, label, hint, rtol=1e-4, atol=1e-5)
+
+
+@check(training_steps, points=5, hint=STEP_HINT)
+def weights_match_one_process(seen, ctx):
+    """After three steps of SGD with momentum, and of Adam, every rank holds the weights of
+    one process that stepped the whole network on the whole batches."""
+    expect_one_process_weights(seen, ctx)
+
+
+@check(
+    training_steps,
+    points=3,
+    hint="Build optimizer_cls over this rank's chunk alone (a tensor of about 1/world_size of "
+    "the values), not over every parameter: the state of each value must live on one rank.",
+)
+def each_value_has_its_state_on_one_rank(seen, ctx):
+    """The ranks' optimizers keep K P values of state between them (K = 1 for momentum, 2 for
+    Adam), and none keeps all of it."""
+    total = sum(p.numel() for p in grad_model(ctx.seed).parameters())
+    for name, groups in seen.items():
+        per_value = OPTIMIZERS[name][2]
+        for n, ranks in groups_finished(groups):
+            held = [result["state"] for result in ranks]
+            expect(
+                sum(held) == per_value * total and max(held) < per_value * total,
+                _(
+                    "{optimizer}, with {n} processes: the ranks keep {held} values of state; "
+                    "{want} in all ({k} per parameter value), shared between them, was expected"
+                ).format(optimizer=name, n=n, held=held, want=per_value * total, k=per_value),
+            )
+
+
+@check(
+    training_steps,
+    points=1,
+    hint="zero_grad() clears the gradients of the parameters it was given: set each p.grad "
+    "to None (or zero it).",
+)
+def zero_grad_clears_the_gradients(seen, ctx):
+    """After zero_grad(), no parameter has a gradient left."""
+    for name, groups in seen.items():
+        for n, ranks in groups_finished(groups):
+            for rank, result in enumerate(ranks):
+                if result["zeroed"] is not None:
+                    raise Crash(Raised.from_data(result["zeroed"]), every_call=True, calls=1)
+                left = [i for i, g in enumerate(result["grads_after"]) if g]
+                expect(
+                    not left,
+                    _(
+                        "{optimizer}, with {n} processes: rank {rank}'s parameters {left} still "
+                        "have gradients after zero_grad()"
+                    ).format(optimizer=name, n=n, rank=rank, left=left),
+                )
+
+
+@error_hints
+def diagnose(raised):
+    """Name the mistakes that show up as exceptions."""
+    if "can't optimize a non-leaf Tensor" in raised.message:
+        return _(
+            "The inner optimizer needs a leaf tensor: take the chunk with .clone() of a detached "
+            "flat vector, then .requires_grad_()."
+        )
+    if "Default process group has not been initialized" in raised.message:
+        return _("Call the function inside a process group: use d2l.launch(...) in the notebook.")
+    return None
