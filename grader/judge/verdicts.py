@@ -13,6 +13,7 @@ from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_
 from grader.load.reference import reference
 from grader.load.submission import Submission
 from grader.manifest import Exercise
+from grader.ranks.judging import mismatch_hint
 from grader.sandbox.collected import Collected
 from labtext import N_, _
 
@@ -168,7 +169,12 @@ class _Judging:
         # The check's own hint is about what the calls that finish do: with no evidence of
         # that, only a hint about the error itself is shown.
         function = self.function
-        hint = common_hint(raised, function) or self.diagnose(raised) or crash_hint(function)
+        hint = (
+            common_hint(raised, function)
+            or self.diagnose(raised)
+            or mismatch_hint(raised)
+            or crash_hint(function)
+        )
         return self.failed(error_message(raised, function, nothing_finished, calls), hint, raised)
 
     def unjudged(self, message: str, hint: str | None) -> Verdict:
@@ -186,7 +192,7 @@ class _Judging:
             message=_(fail.message), function=function, error=error_message(crash, function)
         )
         hint = _(fail.hint or self.check.hint)
-        about = common_hint(crash, function) or self.diagnose(crash)
+        about = common_hint(crash, function) or self.diagnose(crash) or mismatch_hint(crash)
         if about and not says_the_same(_(about), hint):
             hint = _("{hint} About the error it stopped with: {about}").format(
                 hint=hint, about=_(about)

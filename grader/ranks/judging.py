@@ -14,11 +14,21 @@ MISMATCH_HINT = N_(
     "must make the same collective calls in the same order (a call made on rank 0 alone, say "
     "an evaluation, meets the others' next call instead)."
 )
+# gloo says the same of a send and a receive of different sizes, so such a stop is judged as
+# an error of this type: the exercise's error hints name what its code does, MISMATCH_HINT
+# where none does (`mismatch_hint`).
+MISMATCHED = "CallsMismatched"
 DEADLOCK_HINT = N_(
     "Every rank must make the same calls in the same order: a blocking send on every rank "
     "at once waits forever (post the send with dist.isend, then recv, then wait), and so "
     "does a collective that some ranks skip."
 )
+
+
+def mismatch_hint(raised: Raised) -> str | None:
+    """Return the hint for ranks that gloo stopped for calls that did not match, where no
+    hint of the exercise named the cause."""
+    return MISMATCH_HINT if raised.type == MISMATCHED else None
 
 
 def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
@@ -40,7 +50,14 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
         if kind in ("limit", "stopped"):
             raise Fail(said)
         if kind == "mismatch":
-            raise Fail(said, MISMATCH_HINT)
+            raise Crash(
+                Raised(
+                    MISMATCHED,
+                    _("{failed} ({label})").format(failed=group["failed"], label=label),
+                    "",
+                    "",
+                )
+            )
         # A rank's process died (a crash inside torch, os._exit): judged as an error, so the
         # exercise's error hints can name the mistake behind it.
         failed = _("{failed} ({label})").format(failed=group["failed"], label=label)

@@ -139,7 +139,9 @@ def diagnose(raised):
     if "Received data size doesn't match" in raised.message or "preamble" in raised.message:
         return _(
             "A receive got a different number of elements, or of bytes, than it expected: both "
-            "ends of a step must agree on the chunk, and the result must have the shard's dtype."
+            "ends of a step must agree on the chunk (those of tensor_split(world_size), which "
+            "differ by one value when world_size does not divide numel), and the result must "
+            "have the shard's dtype."
         )
     if "Default process group has not been initialized" in raised.message:
         return _("Call the function inside a process group: use d2l.launch(...) in the notebook.")

@@ -171,8 +171,8 @@ def owner(got, net, opt, stage: int, world: int, ddp_right: bool, me: str) -> st
         return "ddp_holds_everything_on_every_rank"
     if stage and got == expected_bytes(net, opt, stage, world, floor=True):
         return None if me == CHUNK_CHECK else CHUNK_CHECK
-    mine = STAGE_CHECKS.get(stage)
-    return None if mine in (None, me) else mine
+    mine = STAGE_CHECKS.get(stage, "ddp_holds_everything_on_every_rank")
+    return None if mine == me else mine
 
 
 def expect_stage(

@@ -45,7 +45,7 @@ STEP_HINT = N_(
     "chunks and copy the values back into every parameter."
 )
 NOT_SHARED_HINT = N_(
-    "Each rank's own chunk of the weights is right, the rest never changed: the updated "
+    "Only each rank's own chunk of the weights moved, the rest never changed: the updated "
     "chunks must reach every rank. After the inner step, all_gather the chunks and copy the "
     "whole vector back into the parameters."
 )
@@ -162,21 +162,18 @@ def plain(value):
     return getattr(value, "value", value)
 
 
-def own_chunk_only(weights: list, expected: list, start: list, rank: int, n: int) -> bool:
-    """Return True when the rank's own chunk of the flat weights is right and the rest still
-    holds the starting weights: the updated chunks were never shared."""
+def only_own_chunk_changed(weights: list, start: list, rank: int, n: int) -> bool:
+    """Return True when the rank's own chunk of the flat weights moved and the others still
+    hold the starting weights: the updated chunks were never shared."""
     if not all(isinstance(plain(w), torch.Tensor) for w in weights):
         return False
     got = torch.cat([plain(w).reshape(-1) for w in weights])
-    want = torch.cat([e.reshape(-1) for e in expected])
     first = torch.cat([s.reshape(-1) for s in start])
-    if got.shape != want.shape:
+    if got.shape != first.shape:
         return False
-    mine = [c.clone() for c in got.tensor_split(n)]
-    return all(
-        torch.allclose(c, (want if r == rank else first).tensor_split(n)[r], 1e-4, 1e-5)
-        for r, c in enumerate(mine)
-    ) and not torch.allclose(got, want, 1e-4, 1e-5)
+    chunks = list(zip(got.tensor_split(n), first.tensor_split(n), strict=True))
+    others = all(torch.equal(g, f) for r, (g, f) in enumerate(chunks) if r != rank)
+    return others and not torch.equal(*chunks[rank])
 
 
 def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
@@ -187,9 +184,7 @@ def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
         for n, ranks in groups_finished(groups):
             for rank, result in enumerate(ranks):
                 weights = result["weights"]
-                hint = (
-                    NOT_SHARED_HINT if own_chunk_only(weights, expected, start, rank, n) else None
-                )
+                hint = NOT_SHARED_HINT if only_own_chunk_changed(weights, start, rank, n) else None
                 for i, (w, e) in enumerate(zip(weights, expected, strict=True)):
                     label = _(
                         "{optimizer}, with {n} processes: rank {rank}'s parameter {i} after "

@@ -64,8 +64,23 @@ def all_gather(shard, numel):
     },
 )
 
-shifted_chunks = Mistake(
-    source=variant(TEMPLATE, RIGHT, SHIFT="+ 1"),
+keeps_the_order_of_arrival = Mistake(
+    source="""
+def all_gather(shard, numel):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sizes = [len(c) for c in torch.empty(numel).tensor_split(world)]
+    pieces = [shard.reshape(-1).clone()]
+    for step in range(world - 1):
+        incoming = torch.empty(sizes[(rank - step - 1) % world], dtype=shard.dtype)
+        request = dist.isend(pieces[-1], (rank + 1) % world) if pieces[-1].numel() else None
+        if incoming.numel():
+            dist.recv(incoming, (rank - 1) % world)
+        if request is not None:
+            request.wait()
+        pieces.append(incoming)
+    return torch.cat(pieces)
+""",
     fails="every_rank_gets_the_whole_tensor",
     hint_mentions="in the wrong places",
+    seen_in="the chunks joined in the order they arrived, not in rank order",
 )
