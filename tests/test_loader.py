@@ -189,3 +189,16 @@ def test_notes_name_cells_as_jupyterlab_shows_them(tmp_path):
         "(loading went on)",
     ]
     assert not any("code cell" in n for n in notes)
+
+
+def test_a_notebook_that_defines_only_the_exercises_class_is_the_labs(tmp_path):
+    """An exercise may ask for a class (`ShardedOptimizer`): a notebook holding just that class
+    is the lab's, not another course's."""
+    from grader.load.submission import Submission, unfit_by_notebook
+    from grader.manifest import load_manifest
+
+    path = write_notebook(tmp_path / "sharded.ipynb", "class ShardedOptimizer:\n    pass")
+    manifest = load_manifest()
+    exercises = manifest.in_notebook("sharded.ipynb")
+    sub = Submission("ann", tmp_path, {"sharded.ipynb": path}, exercises)
+    assert unfit_by_notebook(sub, manifest) == {}

@@ -14,6 +14,7 @@ How long the notebooks take is for `make bench-notebooks`, which prints it; no t
 
 import csv
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -117,8 +118,13 @@ def distributed(course):
     return course.autograded("alice", "distributed.ipynb")
 
 
+@pytest.fixture(scope="module")
+def sharded(course):
+    return course.autograded("alice", "sharded.ipynb")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
+@pytest.mark.parametrize("which", ["scratch", "concise", "distributed", "sharded"])
 def test_the_reference_runs_without_an_error(which, request):
     nb = request.getfixturevalue(which)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
@@ -165,7 +171,7 @@ def test_from_scratch_plots_the_training_curve(scratch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
+@pytest.mark.parametrize("which", ["scratch", "concise", "distributed", "sharded"])
 def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
     nb = request.getfixturevalue(which)
     cells = check_cells(nb)
@@ -178,7 +184,7 @@ def test_every_check_cell_gives_full_marks_to_the_reference(which, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["scratch", "concise", "distributed"])
+@pytest.mark.parametrize("which", ["scratch", "concise", "distributed", "sharded"])
 def test_each_check_cell_shows_each_report_once(which, request):
     """A cell shows one report per `check(...)` it calls (public, then hidden), and the
     notebook says the stand-in note at most once: output printed before the ranks are forked
@@ -293,3 +299,24 @@ def test_distributed_trains_with_ddp_and_plots_what_it_measured(distributed):
     plots = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
     # the bandwidth of the ring, the training curve, and the learning rates
     assert len(plots) == 3
+
+
+@pytest.mark.slow
+def test_sharded_measures_on_live_ranks_what_it_computes(sharded):
+    """The sharded notebook's demos: the halves' chunks, rank 0's bytes measured on live ranks
+    against `memory_per_rank`, every stage and PyTorch's two classes trained as one process,
+    and the traffic of stage 3 against DDP's, with its plot."""
+    code = [c for c in sharded.cells if c.cell_type == "code"]
+    outputs = "\n".join(text_of(c) for c in code)
+    assert "[rank 0] my chunk of the sum: tensor([30., 33., 36.])" in outputs
+    assert "[rank 2] my chunk of the sum: tensor([45., 48.])" in outputs
+    assert "44,878 parameters" in outputs  # the LeNet of the memory table
+    held = re.findall(r"rank 0 holds ([\d,]+) bytes, memory_per_rank says ([\d,]+)", outputs)
+    assert len(held) == 2 and all(a == b for a, b in held), held
+    lines = [line for line in outputs.splitlines() if "largest difference" in line]
+    gaps = [float(g) for line in lines for g in re.findall(r"\d\.\de[-+]\d\d", line)]
+    assert len(gaps) == 2 + 2 * 3 + 2 and max(gaps) < 1e-4, gaps
+    for n in (2, 3, 4):
+        assert f"{n} processes: ZeRO-3 sends 1.50 times what DDP sends" in outputs
+    plots = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
+    assert len(plots) == 1

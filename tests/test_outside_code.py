@@ -1,8 +1,9 @@
 """Outside code scores what a teacher would give it, on any machine.
 
 The submissions in tests/outside/ are written in the habits of each edition of the book,
-and, for the distributed notebook the book has no section for, of PyTorch's own tutorials
-(see its README). Each gets full marks but for its deliberate slips, and each slip costs
+and, for the distributed notebook the book has no section for, of PyTorch's own tutorials;
+for the sharded notebook, of ZeRO's implementations and of course work on them (see its
+README). Each gets full marks but for its deliberate slips, and each slip costs
 only the check about it. The grade is the same with stand-in devices and with
 DPLAB_DEVICES=cpu, and, where there is a GPU, with the GPU and without it.
 """
@@ -62,6 +63,22 @@ SLIPS = {
     },
     "pytorch_examples": {},
     "course_buckets": {},
+    # The sharded notebook's. cs336_sharded gives each rank whole parameters and broadcasts
+    # them from their owner: another route to stage 1, which must get full marks.
+    "cs336_sharded": {},
+    "zero_redundancy": {
+        "memory_per_rank": {"ddp_holds_everything_on_every_rank": "DDP with Adam over 1 ranks"},
+    },
+    "picotron_dp": {
+        "reduce_scatter": {
+            "keeps_dtypes_and_sums_integers_exactly": "rank 0's call 1 (int64, int32 and float64)"
+        },
+    },
+    "deepspeed_words": {
+        "sharded_optimizer": {
+            "each_value_has_its_state_on_one_rank": "the ranks keep [1030, 1030] values of state"
+        },
+    },
 }
 BOOK = ("d2l_zh_2_0", "d2l_en_1_0")
 # The submissions of the first two notebooks: graded with DPLAB_DEVICES=cpu as well.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.manifest import REPO
+from grader.manifest import REPO, load_manifest
 
 BLOCK = re.compile(r"<!-- walkthrough: (\w+) -->\s*```console\n(.*?)```", re.S)
 PAGES = [REPO / "README.md", REPO / "README.zh-CN.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -38,7 +38,7 @@ EXITS = {
     ("student_zh_CN", CHECK_ALLREDUCE.format("")): (1, STUB),
 }
 STUDENTS, ASSIGNMENT = ("alice", "bob"), "multigpu"
-NOTEBOOKS = ("from_scratch", "concise", "distributed")
+NOTEBOOKS = tuple(name.removesuffix(".ipynb") for name in load_manifest().notebooks)
 
 
 def each_notebook(*steps: str) -> list[tuple[str, ...]]:

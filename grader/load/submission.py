@@ -43,7 +43,8 @@ def submission_language(path: Path, assignment: str) -> str:
 
 
 def defined_functions(path: Path) -> set[str]:
-    """Return the names of the functions a notebook defines at top level (without running it)."""
+    """Return the names of the functions and classes (an exercise may ask for a class) that a
+    notebook defines at top level (without running it)."""
     names: set[str] = set()
     try:
         cells = read_cells(path)
@@ -54,7 +55,8 @@ def defined_functions(path: Path) -> set[str]:
             tree = ast.parse(strip_magics(source)[0])
         except SyntaxError:
             continue
-        names |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        names |= {n.name for n in tree.body if isinstance(n, defined)}
     return names
 
 

@@ -15,12 +15,12 @@ from grader.api import N_, _, attempt, case, check, expect, finished, raised_in
 
 STAGES = (0, 1, 2, 3)
 SIZES = (1, 2, 3, 4)
-STAGE_NAMES = {0: "DDP", 1: "ZeRO stage 1", 2: "ZeRO stage 2", 3: "ZeRO stage 3"}
-OPTIMIZERS = {  # name: (class, settings)
+STAGE_NAMES = {0: "DDP", 1: N_("ZeRO stage 1"), 2: N_("ZeRO stage 2"), 3: N_("ZeRO stage 3")}
+OPTIMIZERS = {  # name (looked up in the reader's language): (class, settings)
     "SGD": (torch.optim.SGD, {"lr": 0.1}),
-    "SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+    N_("SGD with momentum"): (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
     "Adam": (torch.optim.Adam, {"lr": 0.01}),
-    "Adam with amsgrad": (torch.optim.Adam, {"lr": 0.01, "amsgrad": True}),
+    N_("Adam with amsgrad"): (torch.optim.Adam, {"lr": 0.01, "amsgrad": True}),
 }
 TABLE_HINT = N_(
     "Per rank: DDP holds P parameters, P gradients and K P values of state; stage 1 holds "
@@ -196,14 +196,14 @@ def expect_stage(
             outcome = entry["answers"][key(stage, world)]
             if raised_in(outcome) is not None or right(outcome, net, opt, stage, world):
                 continue
-            got = answer_of(outcome)
+            got, name = answer_of(outcome), entry["optimizer"]
             expect(
                 False,
                 _(
                     "{stage} with {optimizer} over {n} ranks: returned {got}, expected {want} bytes"
                 ).format(
                     stage=_(STAGE_NAMES[stage]),
-                    optimizer=entry["optimizer"],
+                    optimizer=_(name),
                     n=world,
                     got=outcome.get("returned"),
                     want=expected_bytes(net, opt, stage, world),

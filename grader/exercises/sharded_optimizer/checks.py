@@ -11,6 +11,7 @@ optimizer on the whole batches, and count the optimizer state that each rank kee
 """
 
 import functools
+import types
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ from grader.exercises.average_gradients.checks import global_batch, grad_model
 
 STEPS = 3
 OPTIMIZERS = {  # name: (class, settings, values of state per parameter value)
-    "SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, 1),
+    N_("SGD with momentum"): (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, 1),
     "Adam": (torch.optim.Adam, {"lr": 0.01}, 2),
 }
 STEP_HINT = N_(
@@ -55,11 +56,19 @@ def trained(p) -> bool:
     return p.requires_grad
 
 
-def optimizers_in(obj, depth: int = 2) -> list[torch.optim.Optimizer]:
+def optimizers_in(
+    obj, depth: int = 4, seen: dict[int, int] | None = None
+) -> list[torch.optim.Optimizer]:
     """Return the torch optimizers that `obj` is or holds in its attributes (lists and dicts
-    included), `depth` levels down."""
+    included), `depth` levels down: the inner optimizer may sit in a helper (a bucket manager's
+    buckets, say). Classes and modules are not looked into, and no object twice as deep
+    (`seen`: the depth each was looked into with)."""
+    seen = {} if seen is None else seen
+    if seen.get(id(obj), -1) >= depth:
+        return []
+    seen[id(obj)] = depth
     found = [obj] if isinstance(obj, torch.optim.Optimizer) else []
-    if depth:
+    if depth and not isinstance(obj, type | types.ModuleType):
         values = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
         for value in values:
             items = value.values() if isinstance(value, dict) else value
@@ -67,7 +76,7 @@ def optimizers_in(obj, depth: int = 2) -> list[torch.optim.Optimizer]:
             for member in members:
                 if isinstance(member, torch.optim.Optimizer) or hasattr(member, "__dict__"):
                     if not isinstance(member, torch.Tensor | nn.Module):
-                        found += optimizers_in(member, depth - 1)
+                        found += optimizers_in(member, depth - 1, seen)
     unique = {id(o): o for o in found}
     return list(unique.values())
 
@@ -189,7 +198,7 @@ def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
                     label = _(
                         "{optimizer}, with {n} processes: rank {rank}'s parameter {i} after "
                         "{steps} steps"
-                    ).format(optimizer=name, n=n, rank=rank, i=i, steps=STEPS)
+                    ).format(optimizer=_(name), n=n, rank=rank, i=i, steps=STEPS)
                     expect_close(w, e, label, hint, rtol=1e-4, atol=1e-5)
 
 
@@ -219,7 +228,7 @@ def each_value_has_its_state_on_one_rank(seen, ctx):
                 _(
                     "{optimizer}, with {n} processes: the ranks keep {held} values of state; "
                     "{want} in all ({k} per parameter value), shared between them, was expected"
-                ).format(optimizer=name, n=n, held=held, want=per_value * total, k=per_value),
+                ).format(optimizer=_(name), n=n, held=held, want=per_value * total, k=per_value),
             )
 
 
@@ -242,7 +251,7 @@ def zero_grad_clears_the_gradients(seen, ctx):
                     _(
                         "{optimizer}, with {n} processes: rank {rank}'s parameters {left} still "
                         "have gradients after zero_grad()"
-                    ).format(optimizer=name, n=n, rank=rank, left=left),
+                    ).format(optimizer=_(name), n=n, rank=rank, left=left),
                 )
 
 

@@ -12,10 +12,13 @@ class ShardedOptimizer:
         self.shard = flat.tensor_split(world)[rank].clone().requires_grad_()
         <<INNER>>
 
-    def step(self):
+    def gradient_chunk(self):
         rank, world = dist.get_rank(), dist.get_world_size()
         grads = torch.cat([p.grad.reshape(-1) for p in self.params])
-        self.shard.grad = <<GRAD>>
+        return <<GRAD>>
+
+    def step(self):
+        self.shard.grad = self.gradient_chunk()
         self.optimizer.step()
         <<GATHER>>
         with torch.no_grad():
@@ -39,6 +42,7 @@ never_shares_the_chunks = Mistake(
         TEMPLATE,
         RIGHT,
         GATHER="""flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        rank, world = dist.get_rank(), dist.get_world_size()
         flat.tensor_split(world)[rank].copy_(self.shard.detach())""",
     ),
     fails="weights_match_one_process",
