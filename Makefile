@@ -145,9 +145,12 @@ bench-hub: $(DEV_READY) $(CATALOGUES) $(PROXY)
 bench-shards: $(DEV_READY) $(CATALOGUES)
 	$(BIN)/python -m tests.bench_shards
 
-# All-reduce bus bandwidth of the ring, per-parameter, bucketed and torch's own, 4 KiB to 64 MiB.
+# All-reduce bus bandwidth of the ring, per-parameter, bucketed and torch's own, 4 KiB to 64 MiB;
+# then, for DDP and ZeRO stages 1 to 3 at 2, 3 and 4 ranks, the bytes rank 0 sends per step and
+# holds, beside the ZeRO paper's formulas.
 bench-distributed: $(DEV_READY)
 	$(BIN)/python -m grader.benchmarks.bandwidth
+	$(BIN)/python -m grader.benchmarks.sharding
 
 # One universal lock per role, for every Python from 3.11 and every platform: lab.txt is what
 # students run (the lab image, `make lab`); hub.txt is a class's JupyterHub (`make hub`, the hub
