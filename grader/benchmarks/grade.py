@@ -5,7 +5,8 @@
 First one complete submission (the reference solutions in the released notebooks) is graded
 by `python -m grader grade`, as an instructor would, twice: the first command starts the warm
 fork server (in a folder of the bench's own, so none is there before), the second finds it
-warm. Then one exercise is checked by `python -m grader check`, as a student would. Each is
+warm. Then one exercise is checked by `python -m grader check`, as a student would, and the
+newest notebook is graded alone, cold and warm (what it adds to a grade). Each is
 timed from the command to its report. Before them, an untimed Python imports what the server
 imports, so that PyTorch's files are in the page cache, as on a machine where the lab is in
 use (after a fresh clone's `make test` had installed PyTorch again, the first cold grade read
@@ -122,6 +123,30 @@ def time_commands(alone: Path, manifest: Manifest) -> None:
     print(f"a student's `python -m grader check NOTEBOOK --exercise allreduce`: {seconds:.1f} s")
 
 
+def time_newest_notebook(alone: Path, manifest: Manifest) -> None:
+    """Time `python -m grader grade` on the manifest's last notebook alone (what adding it
+    costs a grade), with a warm server of its own: the command that starts it, then warm."""
+    notebook = manifest.notebooks[-1]
+    full = sum(exercise_points(ex) for ex in manifest.in_notebook(notebook))
+    folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-alone-"))
+    before = os.environ[settings.WARM_DIR.name]
+    os.environ[settings.WARM_DIR.name] = str(folder)
+    try:
+        for when in ("it starts the warm server", "the server is warm"):
+            time.sleep(0 if when.startswith("it") else 2)
+            seconds, out = wall_seconds("grade", str(alone / notebook))
+            totals = [line.split()[1] for line in out.splitlines() if line.startswith("total")]
+            print(
+                f"{notebook} alone, `python -m grader grade`, {when}: {seconds:.1f} s, "
+                f"{totals[0] if totals else '?'}/{full:g}"
+            )
+    finally:
+        stop_warm(folder)
+        os.environ[settings.WARM_DIR.name] = before
+        for made in (folder, folder.with_name(f"{folder.name}-cache")):
+            shutil.rmtree(made, ignore_errors=True)
+
+
 def time_class(
     root: Path, students: int, jobs: int, manifest: Manifest, phases: Phases
 ) -> tuple[list[SubmissionResult], float]:
@@ -174,6 +199,7 @@ def main() -> None:
         make_class(root / "alone", 1)  # one complete submission
         warm_page_cache()
         time_commands(root / "alone" / "student01" / manifest.assignment, manifest)
+        time_newest_notebook(root / "alone" / "student01" / manifest.assignment, manifest)
         phases = Phases()
         results, seconds = time_class(root, args.students, args.jobs, manifest, phases)
         stop()
