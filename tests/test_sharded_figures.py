@@ -43,3 +43,26 @@ def test_the_halves_give_each_rank_its_chunk_and_then_the_whole_sum():
     for rank, (mine, whole) in enumerate(done.results):
         assert torch.equal(mine, total.tensor_split(3)[rank])
         assert torch.equal(whole, total)
+
+
+def test_the_judges_own_figures_are_torchs():
+    """The checks judge without building optimizers (grader.exercises.memory_per_rank's K per
+    optimizer, sharded_optimizer's updates): what they assume is what torch.optim does."""
+    from grader.exercises.memory_per_rank import checks as memory
+    from grader.exercises.sharded_optimizer import checks as sharded
+
+    for name, (_cls, _settings, k) in memory.OPTIMIZERS.items():
+        net, opt = memory.stepped("odd", name, seed=3)
+        values = sum(t.numel() for s in opt.state.values() for t in s.values() if t.dim())
+        assert values == k * memory.table("odd", name).total, name
+    for name, (cls, settings, _k) in sharded.OPTIMIZERS.items():
+        net = sharded.grad_model(5)
+        opt = cls(net.parameters(), **settings)
+        for step in range(sharded.STEPS):
+            X, y = sharded.global_batch(5 + step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(X), y).backward()
+            opt.step()
+        mine = sharded._one_process(5, name, False)
+        for got, want in zip(mine, net.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-7)

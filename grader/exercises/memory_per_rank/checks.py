@@ -8,6 +8,8 @@ with the table of the notebook: P values that train, K values of state per value
 of ceil(P / N) values, times the bytes per value.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -16,11 +18,14 @@ from grader.api import N_, _, attempt, case, check, expect, finished, raised_in
 STAGES = (0, 1, 2, 3)
 SIZES = (1, 2, 3, 4)
 STAGE_NAMES = {0: "DDP", 1: N_("ZeRO stage 1"), 2: N_("ZeRO stage 2"), 3: N_("ZeRO stage 3")}
-OPTIMIZERS = {  # name (looked up in the reader's language): (class, settings)
-    "SGD": (torch.optim.SGD, {"lr": 0.1}),
-    N_("SGD with momentum"): (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-    "Adam": (torch.optim.Adam, {"lr": 0.01}),
-    N_("Adam with amsgrad"): (torch.optim.Adam, {"lr": 0.01, "amsgrad": True}),
+# name (looked up in the reader's language): (class, settings, values of state per value).
+# The judge reads K from here: building an optimizer imports torch._dynamo (0.8 s in a fresh
+# process), which the grading children have from the warm server and the judge has not.
+OPTIMIZERS = {
+    "SGD": (torch.optim.SGD, {"lr": 0.1}, 0),
+    N_("SGD with momentum"): (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, 1),
+    "Adam": (torch.optim.Adam, {"lr": 0.01}, 2),
+    N_("Adam with amsgrad"): (torch.optim.Adam, {"lr": 0.01, "amsgrad": True}, 3),
 }
 TABLE_HINT = N_(
     "Per rank: DDP holds P parameters, P gradients and K P values of state; stage 1 holds "
@@ -53,7 +58,7 @@ def network(kind: str, seed: int, dtype: torch.dtype = torch.float32) -> nn.Modu
 def stepped(kind: str, optimizer: str, seed: int, dtype: torch.dtype = torch.float32):
     """Return a network and an optimizer over it that has taken one step (so it has state)."""
     net = network(kind, seed, dtype)
-    cls, settings = OPTIMIZERS[optimizer]
+    cls, settings, _k = OPTIMIZERS[optimizer]
     trained = [p for p in net.parameters() if p.requires_grad]
     opt = cls(trained, **settings)
     for p in trained:
@@ -62,27 +67,33 @@ def stepped(kind: str, optimizer: str, seed: int, dtype: torch.dtype = torch.flo
     return net, opt
 
 
-def expected_bytes(net: nn.Module, opt, stage: int, world: int, floor: bool = False) -> int:
+class Table(NamedTuple):
+    """What the notebook's table needs: P values that train, K values of state per value,
+    and the bytes of a value."""
+
+    total: int
+    per_value: int
+    size: int
+
+
+def table(kind: str, optimizer: str, dtype: torch.dtype = torch.float32) -> Table:
+    """Return the table's inputs for a network of the checks and an optimizer, known without
+    building the optimizer."""
+    trained = [p for p in network(kind, 0, dtype).parameters() if p.requires_grad]
+    size = trained[0].element_size()
+    return Table(sum(p.numel() for p in trained), OPTIMIZERS[optimizer][2], size)
+
+
+def expected_bytes(t: Table, stage: int, world: int, floor: bool = False) -> int:
     """Return the notebook table's figure for rank 0 (with `floor`, with chunks of
     floor(P / N) values instead: a mistake)."""
-    params = [p for p in net.parameters() if p.requires_grad]
-    total = sum(p.numel() for p in params)
-    per_value = (
-        sum(
-            t.numel()
-            for p in params
-            for t in opt.state[p].values()
-            if torch.is_tensor(t) and t.dim()
-        )
-        // total
-    )
-    shard = total // world if floor else -(-total // world)
+    shard = t.total // world if floor else -(-t.total // world)
     held = (
-        shard if stage >= 3 else total,
-        shard if stage >= 2 else total,
-        per_value * (shard if stage >= 1 else total),
+        shard if stage >= 3 else t.total,
+        shard if stage >= 2 else t.total,
+        t.per_value * (shard if stage >= 1 else t.total),
     )
-    return sum(held) * params[0].element_size()
+    return sum(held) * t.size
 
 
 def key(stage: int, world: int) -> str:
@@ -150,9 +161,9 @@ def answer_of(outcome: dict):
     return got
 
 
-def right(outcome: dict, net, opt, stage: int, world: int) -> bool:
+def right(outcome: dict, t: Table, stage: int, world: int) -> bool:
     got = answer_of(outcome)
-    return got is not None and got == expected_bytes(net, opt, stage, world)
+    return got is not None and got == expected_bytes(t, stage, world)
 
 
 STAGE_CHECKS = {
@@ -163,13 +174,13 @@ STAGE_CHECKS = {
 CHUNK_CHECK = "rank_0_holds_the_largest_chunk"
 
 
-def owner(got, net, opt, stage: int, world: int, ddp_right: bool, me: str) -> str | None:
+def owner(got, t: Table, stage: int, world: int, ddp_right: bool, me: str) -> str | None:
     """Return the check that owns a wrong figure's cause, if another than `me`: DDP's where
     the student's DDP figure is wrong too, the chunk check where the figure is floor(P / N)'s,
     else the check of the stage."""
     if stage and not ddp_right:
         return "ddp_holds_everything_on_every_rank"
-    if stage and got == expected_bytes(net, opt, stage, world, floor=True):
+    if stage and got == expected_bytes(t, stage, world, floor=True):
         return None if me == CHUNK_CHECK else CHUNK_CHECK
     mine = STAGE_CHECKS.get(stage, "ddp_holds_everything_on_every_rank")
     return None if mine == me else mine
@@ -190,11 +201,11 @@ def expect_stage(
     calls = [o["answers"][key(stage, n)] for o in seen for n in sizes]
     finished(calls)  # every call raised: the check cannot judge
     for entry in seen:
-        net, opt = stepped(kind, entry["optimizer"], ctx.seed, dtype)
-        ddp_right = all(right(entry["answers"][key(0, n)], net, opt, 0, n) for n in sizes)
+        t = table(kind, entry["optimizer"], dtype)
+        ddp_right = all(right(entry["answers"][key(0, n)], t, 0, n) for n in sizes)
         for world in sizes:
             outcome = entry["answers"][key(stage, world)]
-            if raised_in(outcome) is not None or right(outcome, net, opt, stage, world):
+            if raised_in(outcome) is not None or right(outcome, t, stage, world):
                 continue
             got, name = answer_of(outcome), entry["optimizer"]
             expect(
@@ -206,22 +217,20 @@ def expect_stage(
                     optimizer=_(name),
                     n=world,
                     got=outcome.get("returned"),
-                    want=expected_bytes(net, opt, stage, world),
+                    want=expected_bytes(t, stage, world),
                 ),
                 hint,
-                see=owner(got, net, opt, stage, world, ddp_right, me),
+                see=owner(got, t, stage, world, ddp_right, me),
             )
 
 
 def ddp_hint(seen, ctx) -> str:
     """Name the state where a DDP figure holds the parameters and gradients but is wrong."""
     for entry in seen:
-        net, opt = stepped("even", entry["optimizer"], ctx.seed)
+        t = table("even", entry["optimizer"])
         got = answer_of(entry["answers"][key(0, 1)])
-        params = [p for p in net.parameters() if p.requires_grad]
-        weights_and_grads = 2 * sum(p.numel() * p.element_size() for p in params)
-        want = expected_bytes(net, opt, 0, 1)
-        if got is not None and got != want and got >= weights_and_grads:
+        weights_and_grads = 2 * t.total * t.size
+        if got is not None and got != expected_bytes(t, 0, 1) and got >= weights_and_grads:
             return STEP_HINT
     return TABLE_HINT
 

@@ -11,6 +11,7 @@ optimizer on the whole batches, and count the optimizer state that each rank kee
 """
 
 import functools
+import math
 import types
 
 import torch
@@ -156,15 +157,42 @@ def one_process(seed: int, optimizer: str, frozen: bool = False) -> list[torch.T
 
 
 def _one_process(seed: int, optimizer: str, frozen: bool) -> list[torch.Tensor]:
-    cls, settings, _k = OPTIMIZERS[optimizer]
+    _cls, settings, _k = OPTIMIZERS[optimizer]
     net = grad_model(seed, frozen)
-    opt = cls([p for p in net.parameters() if p.requires_grad], **settings)
+    trained = [p for p in net.parameters() if p.requires_grad]
+    state: list[dict] = [{} for _ in trained]
     for step in range(STEPS):
         X, y = global_batch(seed + step)
-        opt.zero_grad()
+        for p in trained:
+            p.grad = None
         nn.functional.cross_entropy(net(X), y).backward()
-        opt.step()
+        with torch.no_grad():
+            for p, kept in zip(trained, state, strict=True):
+                UPDATES[optimizer](p, p.grad, kept, step + 1, **settings)
     return [p.detach().clone() for p in net.parameters()]
+
+
+# The optimizers' updates, as torch.optim computes them (single-tensor path, defaults), here
+# rather than through torch.optim: building an optimizer imports torch._dynamo, 0.8 s in the
+# judge, a fresh process each grade, where the grading children have it from the warm server.
+def _sgd(p, grad, kept: dict, step: int, lr: float, momentum: float = 0.0) -> None:
+    if momentum:
+        buf = kept.get("momentum_buffer")
+        kept["momentum_buffer"] = grad.clone() if buf is None else buf.mul_(momentum).add_(grad)
+        grad = kept["momentum_buffer"]
+    p.add_(grad, alpha=-lr)
+
+
+def _adam(p, grad, kept: dict, step: int, lr: float, betas=(0.9, 0.999), eps=1e-8) -> None:
+    m = kept.setdefault("exp_avg", torch.zeros_like(p))
+    v = kept.setdefault("exp_avg_sq", torch.zeros_like(p))
+    m.lerp_(grad, 1 - betas[0])
+    v.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
+    denom = (v.sqrt() / math.sqrt(1 - betas[1] ** step)).add_(eps)
+    p.addcdiv_(m, denom, value=-lr / (1 - betas[0] ** step))
+
+
+UPDATES = {"SGD with momentum": _sgd, "Adam": _adam}
 
 
 def plain(value):
