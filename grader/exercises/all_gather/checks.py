@@ -14,10 +14,10 @@ from grader.exercises.reduce_scatter.checks import (
     P2P_HINT,
     expect_halves,
     expect_one_chunk_per_step,
-    expect_point_to_point,
     plain,
     run_half,
 )
+from grader.exercises.ring_allreduce.checks import each_kind, expect_point_to_point
 
 GATHER_HINT = N_(
     "Make a flat tensor of numel values (of the shard's dtype), put your shard in chunk rank "
@@ -57,12 +57,7 @@ def integers_and_float64(student, ctx):
 @case
 def given_kinds(student, ctx, kinds: list[str]):
     """Tensors the grader describes ("given:<dtype>:<shape>"), one call each."""
-    results = []
-    for kind in kinds:
-        results.append(run_half(student, ctx, kind, "all_gather"))
-        if any(group.get("kind") in ("hung", "limit") for group in results[-1]):
-            break
-    return results
+    return each_kind(kinds, lambda kind: run_half(student, ctx, kind, "all_gather"))
 
 
 def gather_hint(n, rank, i, record, ranks):

@@ -32,7 +32,13 @@ from grader.api import (
     in_rank,
     recording_calls,
 )
-from grader.exercises.ring_allreduce.checks import SUMMING, tensors_for
+from grader.exercises.ring_allreduce.checks import (
+    SUMMING,
+    each_kind,
+    expect_point_to_point,
+    ring_records,
+    tensors_for,
+)
 
 HALF_HINT = N_(
     "Cut the flattened tensor into world_size chunks (tensor_split) and pass them round the "
@@ -123,27 +129,10 @@ def integers_and_float64(student, ctx):
 @case
 def given_kinds(student, ctx, kinds: list[str]):
     """Tensors the grader describes ("given:<dtype>:<shape>"), one call each."""
-    results = []
-    for kind in kinds:
-        results.append(run_half(student, ctx, kind, "reduce_scatter"))
-        if any(group.get("kind") in ("hung", "limit") for group in results[-1]):
-            break
-    return results
+    return each_kind(kinds, lambda kind: run_half(student, ctx, kind, "reduce_scatter"))
 
 
 # ---- judging ------------------------------------------------------------------------------
-
-
-def half_records(seen: list[dict]):
-    """Yield (world size, rank, call number, record) for every call of every group, failing
-    as grader.ranks does for groups that did not finish or ranks whose call raised."""
-    for n, ranks in groups_finished(seen):
-        for rank, finished in enumerate(ranks):
-            for i, record in enumerate(finished["records"]):
-                expected = record["expected"]
-                if isinstance(expected, SeenTensor):  # computed by the grader's code
-                    record = {**record, "expected": expected.value}
-                yield n, rank, i, record
 
 
 def plain(value):
@@ -178,7 +167,7 @@ def expect_halves(seen: list[dict], what: str, hint_of=None, see: str | None = N
     computed without a collective; `hint_of(n, rank, i, record, ranks)` names a mistake that
     the values show, and `see` the check that owns a wrong value where it fails too."""
     finished = dict(groups_finished(seen))
-    for n, rank, i, record in half_records(seen):
+    for n, rank, i, record in ring_records(seen):
         label = _("with {n} processes, rank {rank}'s call {number} ({what})").format(
             n=n, rank=rank, number=i + 1, what=_(what)
         )
@@ -254,23 +243,6 @@ def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     expect_halves(seen, N_("int64, int32 and float64"), reduce_hint, see=MAIN)
 
 
-def expect_point_to_point(seen: list[dict]) -> None:
-    for n, rank, _i, record in half_records(seen):
-        names = sorted({c["name"] for c in record["calls"] if c["name"] in COLLECTIVES})
-        expect(
-            not names,
-            _("with {n} processes, rank {rank} called {calls}").format(
-                n=n, rank=rank, calls=", ".join("dist." + x for x in names)
-            ),
-        )
-        expect(
-            any(c["name"] in ("send", "isend") for c in record["calls"]),
-            _("with {n} processes, rank {rank} sent nothing to another rank").format(
-                n=n, rank=rank
-            ),
-        )
-
-
 @check(random_tensors, points=2, hint=P2P_HINT)
 def uses_only_point_to_point_calls(seen, ctx):
     """No collective is called at all: the reduce-scatter is built from sends and receives."""
@@ -278,7 +250,7 @@ def uses_only_point_to_point_calls(seen, ctx):
 
 
 def expect_one_chunk_per_step(seen: list[dict]) -> None:
-    for n, rank, i, record in half_records(seen):
+    for n, rank, i, record in ring_records(seen):
         sends = [c.get("numel", 0) for c in record["calls"] if c["name"] in ("send", "isend")]
         chunk = -(-record["numel"] // n)
         expect(

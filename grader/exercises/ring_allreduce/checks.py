@@ -125,16 +125,22 @@ def lengths_that_do_not_divide(student, ctx):
     return run_ring(student, ctx, "uneven")
 
 
+def each_kind(kinds: list[str], run) -> list[list[dict]]:
+    """Return `run(kind)` for each kind in turn; after one whose groups deadlocked or ran out
+    of time, the other kinds are not tried."""
+    results = []
+    for kind in kinds:
+        results.append(run(kind))
+        if any(group.get("kind") in ("hung", "limit") for group in results[-1]):
+            break
+    return results
+
+
 @case
 def given_kinds(student, ctx, kinds: list[str]):
     """Tensors the grader describes ("given:<dtype>:<shape>"), one call each (after a group
     that deadlocked or ran out of time, the other kinds are not tried)."""
-    results = []
-    for kind in kinds:
-        results.append(run_ring(student, ctx, kind))
-        if any(group.get("kind") in ("hung", "limit") for group in results[-1]):
-            break
-    return results
+    return each_kind(kinds, lambda kind: run_ring(student, ctx, kind))
 
 
 @case
@@ -277,6 +283,11 @@ def sums_in_place(seen, ctx):
 )
 def uses_only_point_to_point_calls(seen, ctx):
     """No collective is called at all: the ring is built from sends and receives."""
+    expect_point_to_point(seen)
+
+
+def expect_point_to_point(seen: list[dict]) -> None:
+    """Fail unless every rank's calls are sends and receives, some of them sends."""
     for n, rank, _i, record in ring_records(seen):
         names = sorted({c["name"] for c in record["calls"] if c["name"] in COLLECTIVES})
         expect(
