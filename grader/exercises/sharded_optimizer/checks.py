@@ -286,6 +286,11 @@ def zero_grad_clears_the_gradients(seen, ctx):
 @error_hints
 def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
+    if "'NoneType' object has no attribute" in raised.message:
+        return _(
+            "A frozen parameter (requires_grad False) has no gradient: p.grad is None. Shard "
+            "only the parameters that train."
+        )
     if "can't optimize a non-leaf Tensor" in raised.message:
         return _(
             "The inner optimizer needs a leaf tensor: take the chunk with .clone() of a detached "

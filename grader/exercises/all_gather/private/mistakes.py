@@ -84,3 +84,23 @@ def all_gather(shard, numel):
     hint_mentions="in the wrong places",
     seen_in="the chunks joined in the order they arrived, not in rank order",
 )
+
+passes_the_whole_result_around = Mistake(
+    source="""
+def all_gather(shard, numel):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = torch.zeros(numel, dtype=shard.dtype)
+    result.tensor_split(world)[rank].copy_(shard.reshape(-1))
+    incoming = torch.empty_like(result)
+    for step in range(world - 1):
+        request = dist.isend(result, (rank + 1) % world)
+        dist.recv(incoming, (rank - 1) % world)
+        request.wait()
+        chunk = (rank - step - 1) % world
+        result.tensor_split(world)[chunk].copy_(incoming.tensor_split(world)[chunk])
+    return result
+""",
+    fails="sends_one_chunk_per_step",
+    hint_mentions="never the whole tensor",
+    seen_in="the whole result passed on at each step, one new chunk read from it",
+)

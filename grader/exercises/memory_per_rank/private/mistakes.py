@@ -98,3 +98,25 @@ adam_state_assumed = Mistake(
     hint_mentions="K is 2 for Adam",
     seen_in="the ZeRO paper's K fixed for Adam, whatever the optimizer",
 )
+
+shards_the_gradients_in_stage_1 = Mistake(
+    source=variant(TEMPLATE, RIGHT, GRADS="grads = shard if stage >= 1 else total"),
+    fails="stage_1_shards_the_optimizer_state",
+    hint_mentions="stage 1 holds",
+    seen_in="stages 1 and 2 taken for one (both reduce-scatter the gradient)",
+)
+
+keeps_whole_parameters_in_stage_3 = Mistake(
+    source=variant(TEMPLATE, RIGHT).replace(
+        "weights = shard if stage >= 3 else total", "weights = total"
+    ),
+    fails="stage_3_shards_the_parameters_too",
+    hint_mentions="stage 3 also ceil(P / N)",
+)
+
+four_bytes_a_value = Mistake(
+    source=variant(TEMPLATE, RIGHT).replace("* params[0].element_size()", "* 4"),
+    fails="reads_the_state_and_the_bytes_from_what_it_is_given",
+    hint_mentions="element_size()",
+    seen_in="float32 taken for granted",
+)

@@ -85,3 +85,12 @@ zero_grad_left_out = Mistake(
     fails="zero_grad_clears_the_gradients",
     hint_mentions="p.grad",
 )
+
+shards_the_frozen_parameters_too = Mistake(
+    source=variant(TEMPLATE, RIGHT).replace(
+        "self.params = [p for p in params if p.requires_grad]", "self.params = list(params)"
+    ),
+    fails="shards_only_the_parameters_that_train",
+    hint_mentions="frozen",
+    seen_in="every parameter flattened, frozen ones (no gradient) included",
+)
