@@ -53,10 +53,6 @@ NOT_SHARED_HINT = N_(
 )
 
 
-def trained(p) -> bool:
-    return p.requires_grad
-
-
 def optimizers_in(
     obj, depth: int = 4, seen: dict[int, int] | None = None
 ) -> list[torch.optim.Optimizer]:
