@@ -1,10 +1,10 @@
 """Public checks of `average_gradients_bucketed(model, bucket_mb=25)`: the same averages as
 `average_gradients`, with one all_reduce per bucket of flattened gradients.
 
-The cases are those of `average_gradients` (grader.exercises.average_gradients.checks), called with a
-bucket size: the default, which holds the checks' whole network in one bucket, and one of
-about 4 KiB, which cuts it into three. The checks compare the gradients with one process on
-the whole batch, count the all_reduce calls, and read what each bucket held.
+The cases are those of `average_gradients` (grader.exercises.average_gradients.checks),
+called with a bucket size: the default, which holds the checks' whole network in one bucket,
+and one of about 4 KiB, which cuts it into three. The checks compare the gradients with one
+process on the whole batch, count the all_reduce calls, and read what each bucket held.
 """
 
 from grader.api import N_, Fail, _, check, expect, groups_finished

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from grader.api import (
-    COLLECTIVES,
     N_,
     Fail,
     SeenTensor,

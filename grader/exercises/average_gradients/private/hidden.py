@@ -1,7 +1,11 @@
 """Hidden checks of `average_gradients`: another network and batch, from another seed."""
 
 from grader.api import check
-from grader.exercises.average_gradients.checks import MEAN_HINT, expect_mean_gradients, gradients_of_a_shard
+from grader.exercises.average_gradients.checks import (
+    MEAN_HINT,
+    expect_mean_gradients,
+    gradients_of_a_shard,
+)
 
 another_batch = gradients_of_a_shard.using(
     "another_batch", "The same case under another name, so with other weights and inputs."

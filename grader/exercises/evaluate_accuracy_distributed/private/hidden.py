@@ -1,7 +1,11 @@
 """Hidden checks of `evaluate_accuracy_distributed`: shards of very different sizes."""
 
 from grader.api import check
-from grader.exercises.evaluate_accuracy_distributed.checks import COUNT_HINT, expect_accuracy, shards
+from grader.exercises.evaluate_accuracy_distributed.checks import (
+    COUNT_HINT,
+    expect_accuracy,
+    shards,
+)
 
 skewed_shards = shards.using(
     "skewed_shards", "Rank 0 has one example, the others 14 or more each.", shape="skewed"

@@ -2,7 +2,11 @@
 
 import dplab
 from grader.api import _, check, expect, expect_close
-from grader.exercises.get_params.checks import SAME_TENSOR_HINT, copies_of, copy_in_place_then_change
+from grader.exercises.get_params.checks import (
+    SAME_TENSOR_HINT,
+    copies_of,
+    copy_in_place_then_change,
+)
 
 parameters_that_require_grad = copy_in_place_then_change.using(
     "parameters_that_require_grad",
