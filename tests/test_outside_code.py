@@ -74,11 +74,7 @@ SLIPS = {
             "keeps_dtypes_and_sums_integers_exactly": "rank 0's call 1 (int64, int32 and float64)"
         },
     },
-    "deepspeed_words": {
-        "sharded_optimizer": {
-            "each_value_has_its_state_on_one_rank": "the ranks keep [1030, 1030] values of state"
-        },
-    },
+    "deepspeed_words": {},
 }
 BOOK = ("d2l_zh_2_0", "d2l_en_1_0")
 # The submissions of the first two notebooks: graded with DPLAB_DEVICES=cpu as well.
