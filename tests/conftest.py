@@ -55,6 +55,7 @@ SLOW_FIXTURES = {
     "regenerated",
     "report",
     "scratch",
+    "sharded",
 }
 
 

@@ -7,6 +7,7 @@ reads partial credit from an autograded cell.
 
 import contextlib
 import io
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,19 @@ def _shell():
     return get_ipython()
 
 
+def globals_of(function: Callable) -> dict:
+    """Return the globals of the notebook that defined `function`, or a class's (an exercise
+    may ask for a class): those of its methods."""
+    if isinstance(function, type):
+        for member in vars(function).values():
+            code = getattr(member, "__func__", member)
+            if hasattr(code, "__globals__"):
+                return code.__globals__
+        shell = _shell()
+        return shell.user_ns if shell is not None else vars(sys.modules[function.__module__])
+    return function.__globals__
+
+
 def _namespace(ex: Exercise, function: Callable | None) -> dict:
     """Return the names the student's code sees: those of `function`'s notebook."""
     if function is not None:
@@ -47,7 +61,7 @@ def _namespace(ex: Exercise, function: Callable | None) -> dict:
                     exercise=repr(ex.id), function=ex.function
                 )
             )
-        return function.__globals__
+        return globals_of(function)
     shell = _shell()
     if shell is None:
         raise TypeError(
