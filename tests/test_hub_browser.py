@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from grader.manifest import load_manifest
 from tests.browser import NO_CHROMIUM, Browser, chromium
 from tests.test_hub import REPO, names_in, running, started_hub
 
 pytestmark = pytest.mark.slow
 COURSE = "multigpu-lab"  # docker/lab-config-exchange/nbgrader_config.py's, without LAB_COURSE
-NOTEBOOKS = ["concise.ipynb", "distributed.ipynb", "from_scratch.ipynb"]
+NOTEBOOKS = sorted(load_manifest().notebooks)
 ITEMS = ".lm-Menu.lm-MenuBar-menu .lm-Menu-item"  # the items of the open main menu
 
 

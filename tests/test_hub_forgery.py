@@ -2,7 +2,7 @@
 
 nbgrader's exchange lets any student's account write into the course's inbound folder, under any
 name: dan's `nbgrader submit multigpu --student=carol`, handed in after carol's own, was collected
-as carol's (0/135 for her full marks), and nbgrader's only sign, 'cheating attempt?', was printed
+as carol's (0 for her full marks), and nbgrader's only sign, 'cheating attempt?', was printed
 for every honest submission too. Now dan's lab refuses such a submit, and where he gets around
 it, the instructor's collect (hub/lab_exchange.py) sets the forgery aside under dan's name, says
 so in one line, and takes carol's own; honest submissions pass without a word.
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from grader.front.grade_class import expand
+from grader.judge.registry import assignment_points
 from grader.load.submission import SET_ASIDE, set_aside_beside
 from grader.manifest import load_manifest
 
@@ -212,7 +213,7 @@ def test_a_forgery_through_the_hub_leaves_the_student_it_names_their_grade(
     """carol hands in the reference solutions in her lab's Assignments tab, dan his stubs in
     his; then, in dan's lab, `nbgrader submit multigpu --CourseDirectory.student_id=carol` is
     refused, and the same with nbgrader's plain submit gets through. After collect and
-    grading, carol keeps 135/135 and the forgery is named under dan."""
+    grading, carol keeps full marks and the forgery is named under dan."""
     import tests.test_hub as hub_tests
     from tests.nbgrader_course import nbgrader
 
@@ -262,9 +263,9 @@ def test_a_forgery_through_the_hub_leaves_the_student_it_names_their_grade(
                 env=ENV,
             )  # fmt: skip
             assert graded.returncode == 0, graded.stdout + graded.stderr
-            assert "carol: 135/135" in graded.stdout and "dan: 0/135" in graded.stdout, (
-                graded.stdout
-            )
+            full = f"{assignment_points():g}"
+            said = graded.stdout
+            assert f"carol: {full}/{full}" in said and f"dan: 0/{full}" in said, said
             assert len(lines_with(FORGED, graded.stderr)) == 1, graded.stderr
     finally:
         shutil.rmtree(shared, ignore_errors=True)

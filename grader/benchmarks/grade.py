@@ -123,13 +123,13 @@ def time_commands(alone: Path, manifest: Manifest) -> None:
     print(f"a student's `python -m grader check NOTEBOOK --exercise allreduce`: {seconds:.1f} s")
 
 
-def time_newest_notebook(alone: Path, manifest: Manifest) -> None:
+def time_newest_notebook(alone: Path, manifest: Manifest, warm_folder: Path) -> None:
     """Time `python -m grader grade` on the manifest's last notebook alone (what adding it
-    costs a grade), with a warm server of its own: the command that starts it, then warm."""
+    costs a grade), with a warm server of its own: the command that starts it, then warm;
+    then give the bench's `warm_folder` back to the commands after."""
     notebook = manifest.notebooks[-1]
     full = sum(exercise_points(ex) for ex in manifest.in_notebook(notebook))
     folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-alone-"))
-    before = os.environ[settings.WARM_DIR.name]
     os.environ[settings.WARM_DIR.name] = str(folder)
     try:
         for when in ("it starts the warm server", "the server is warm"):
@@ -142,7 +142,7 @@ def time_newest_notebook(alone: Path, manifest: Manifest) -> None:
             )
     finally:
         stop_warm(folder)
-        os.environ[settings.WARM_DIR.name] = before
+        os.environ[settings.WARM_DIR.name] = str(warm_folder)
         for made in (folder, folder.with_name(f"{folder.name}-cache")):
             shutil.rmtree(made, ignore_errors=True)
 
@@ -199,7 +199,9 @@ def main() -> None:
         make_class(root / "alone", 1)  # one complete submission
         warm_page_cache()
         time_commands(root / "alone" / "student01" / manifest.assignment, manifest)
-        time_newest_notebook(root / "alone" / "student01" / manifest.assignment, manifest)
+        time_newest_notebook(
+            root / "alone" / "student01" / manifest.assignment, manifest, warm_folder
+        )
         phases = Phases()
         results, seconds = time_class(root, args.students, args.jobs, manifest, phases)
         stop()
