@@ -54,7 +54,11 @@ def models() -> dict[str, Callable[[], nn.Module]]:
     cell also prints a table, so it is read with the notebook's definitions (its call of
     `memory_table` left out), not with the reference's set-up cells."""
     found = definitions(solutions_dir() / NOTEBOOK, frozenset({"memory_table"}))
-    return {"MLP": reference(NOTEBOOK)["mlp"], "LeNet": found["batch_norm_lenet"], "wide MLP": wide_mlp}
+    return {
+        "MLP": reference(NOTEBOOK)["mlp"],
+        "LeNet": found["batch_norm_lenet"],
+        "wide MLP": wide_mlp,
+    }
 
 
 def one_step_with(make_model: Callable[[], nn.Module]) -> Callable:
