@@ -7,7 +7,7 @@ and keep each run's verdicts.
 As the test: the zip of `gradescope-bundle` unpacked as Gradescope lays it out, its setup.sh run
 once in a container of the base image (`docker/check base`), then, for each run, student01 of
 grader.benchmarks.grade.make_class (the reference solutions) handed in and `run_autograder` run under
-`timeout 600` with `--cpus 0.5 --memory 2g --memory-swap 2g`. Each run's results.json is
+`timeout 600` with `--cpus 0.5` and the memory of tests/test_images.py (3g, swap the same). Each run's results.json is
 compared check by check with `python -m grader grade` of the same notebooks on this machine
 (graded once, before the runs), and kept: total, each check's name, score and max_score, and
 the first line of its output where it lost points. The container's cgroup is read as the

@@ -188,7 +188,7 @@ def test_a_grader_killed_for_memory_leaves_a_result_that_says_so(bundle, tmp_pat
     said = results["output"]
     assert said.startswith("The autograder stopped before it finished") and "memory" in said
     assert "this score of 0 is not your grade" in said
-    assert "Instructor: give the autograder 2 GB of memory or more" in said
+    assert "Instructor: give the autograder 3 GB of memory or more" in said
 
 
 def test_a_grader_that_fails_leaves_its_last_lines_in_the_students_language(bundle, tmp_path):

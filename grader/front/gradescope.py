@@ -168,13 +168,13 @@ def stopped(submission: Path, results: Path, code: int, log: Path | None = None)
                     "which under Gradescope most often means it ran out of memory. Your work was "
                     "not graded, and this score of 0 is not your grade."
                 ),
-                _("This autograder may use {memory} MB; grading needs about 2,000 MB.").format(
+                _("This autograder may use {memory} MB; grading needs about 2,300 MB.").format(
                     memory=f"{limit / 2**20:,.0f}"
                 )
                 if limit
-                else _("Grading needs about 2,000 MB of memory."),
+                else _("Grading needs about 2,300 MB of memory."),
                 _(
-                    "Instructor: give the autograder 2 GB of memory or more in the assignment's "
+                    "Instructor: give the autograder 3 GB of memory or more in the assignment's "
                     "Autograder Settings (docs/grading.md), then regrade the submissions."
                 ),
             ]
