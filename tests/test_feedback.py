@@ -2,25 +2,31 @@
 messages and hints, the hidden checks' names and points only, and written again from the JSON
 report's stored results when a re-run skips what is graded."""
 
+import dataclasses
 import html
+import os
 import re
+import secrets
 import shutil
 import subprocess
+from pathlib import Path
 
 import mistune
 import pytest
 
 from grader.exercises.allreduce.private.mistakes import rebinds_list_entries
 from grader.load.notebook import read_cells
-from grader.manifest import load_manifest
+from grader.manifest import REPO, load_manifest
 from grader.report.feedback import inline, item
 from grader.report.json_report import read_json
+from grader.report.nbgrader_feedback import feedback_page
 from tests.conftest import SOLUTIONS, python, write_notebook
 
 MANIFEST = load_manifest()
 NOTEBOOK = "from_scratch.ipynb"
 WRONG_CHECK = rebinds_list_entries.fails  # the public check the mistake fails
 HIDDEN_CHECK = "matches_the_reference_on_random_lists"
+COURSE = "multigpu-lab"  # nbgrader_config.py's course id
 
 
 def grade(*args: str) -> subprocess.CompletedProcess:
@@ -44,12 +50,21 @@ def make_class(root):
     return root / "submitted"
 
 
+SECRET = "a secret of ben's submission"
+HANDED_IN = "2025-03-01 09:30:00.000000 UTC"
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """The class graded once with --json and --feedback; its folder and the run."""
+    """The class graded once with --json, --feedback and --nbgrader-feedback; its folder and
+    the run. ben's submission came through nbgrader's exchange (its secret and time are there,
+    as `nbgrader submit` writes them), ann's was copied in."""
     root = tmp_path_factory.mktemp("feedback")
     submitted = make_class(root)
-    proc = grade(str(submitted), "--json", str(root / "r.json"), "--feedback", str(root / "fb"))
+    (submitted / "ben" / MANIFEST.assignment / "submission_secret.txt").write_text(SECRET)
+    (submitted / "ben" / MANIFEST.assignment / "timestamp.txt").write_text(HANDED_IN)
+    proc = grade(str(submitted), "--json", str(root / "r.json"), "--feedback", str(root / "fb"),
+                 "--nbgrader-feedback", str(root / "course" / "feedback"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return root, proc
 
@@ -161,6 +176,103 @@ def test_a_file_given_as_the_folder_is_refused_before_grading(tmp_path):
     assert "grading" not in proc.stdout
     assert not (tmp_path / "r.json").exists()
     assert taken.read_text() == "not a folder\n"
+
+
+def page_text(page: str) -> str:
+    """Return the text a browser shows of an HTML page's body (tags dropped)."""
+    body = page.split("<body>", 1)[1]
+    return html.unescape(re.sub(r"<[^>]+>", "", body))
+
+
+@pytest.mark.slow
+def test_nbgrader_feedback_is_a_page_per_notebook_beside_the_secret_and_time(graded):
+    """What `nbgrader release_feedback` reads: feedback/<student>/<assignment>/, a page for
+    each notebook handed in, readable by all (release copies its mode into the exchange), and
+    the submission's secret and time, the instructor's alone."""
+    root, proc = graded
+    folder = root / "course" / "feedback" / "ben" / MANIFEST.assignment
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "from_scratch.html", "submission_secret.txt", "timestamp.txt"
+    ]  # fmt: skip
+    assert (folder / "submission_secret.txt").read_text() == SECRET
+    assert (folder / "timestamp.txt").read_text() == HANDED_IN
+    assert (folder / "from_scratch.html").stat().st_mode & 0o777 == 0o644
+    assert (folder / "submission_secret.txt").stat().st_mode & 0o077 == 0
+    said = f"feedback for nbgrader's exchange written to {root / 'course' / 'feedback'}"
+    assert said in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_page_shows_what_the_feedback_file_says(graded):
+    root, _ = graded
+    page = root / "course" / "feedback" / "ben" / MANIFEST.assignment / "from_scratch.html"
+    page = page.read_text(encoding="utf-8")
+    assert page.startswith('<!DOCTYPE html>\n<html lang="en">')
+    assert "<title>Feedback for ben: from_scratch.ipynb</title>" in page
+    text = page_text(page)
+    failed = checks_of(root, "ben")[WRONG_CHECK]
+    assert "Total: 9/11 points" in text
+    assert f"✗ {WRONG_CHECK}: failed, 0/2 points" in text
+    assert failed.message in text
+    assert failed.hint.replace("`", "") in text  # (its `code` shown as code)
+    assert f"{HIDDEN_CHECK}: 2/2 points" in text
+    assert checks_of(root, "ben")[HIDDEN_CHECK].message not in text
+    assert "<script" not in page
+
+
+@pytest.mark.slow
+def test_a_submission_that_did_not_come_through_the_exchange_gets_no_page_and_a_line(graded):
+    root, proc = graded
+    assert not (root / "course" / "feedback" / "ann").exists()
+    assert "ann: no feedback for nbgrader's exchange, as " in proc.stderr
+    assert "only work handed in through the exchange" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_page_is_in_the_submissions_language(graded):
+    """A Chinese submission (its notebooks, or `--lang zh_CN` for the English ones) gets its
+    page in Chinese."""
+    root, _ = graded
+    (ben,) = [r for r in read_json(root / "r.json") if r.id == "ben"]
+    chinese = feedback_page(dataclasses.replace(ben, language="zh_CN"), {}, NOTEBOOK, MANIFEST)
+    assert chinese.startswith('<!DOCTYPE html>\n<html lang="zh-CN">')
+    assert "<title>给 ben 的反馈：from_scratch.ipynb</title>" in chinese
+    assert "总分：9/11 分" in page_text(chinese)
+
+
+@pytest.mark.slow
+def test_nbgrader_releases_the_page_and_the_students_fetch_brings_it(graded, tmp_path):
+    """nbgrader's own release_feedback and fetch_feedback, with the student's side as
+    `nbgrader submit` left it (its cache): the page reaches the student's assignment folder,
+    under feedback/<time of the submission>/."""
+    root, _ = graded
+    course = root / "course"
+    shutil.copy(REPO / "nbgrader_config.py", course)
+    exchange, cache, work = tmp_path / "exchange", tmp_path / "cache", tmp_path / "work"
+    exchange.mkdir()
+    env = dict(os.environ, HUB_USER_PREFIX=f"t{secrets.token_hex(3)}-")  # no such accounts
+    nbgrader = [str(Path(python()).with_name("nbgrader"))]
+    released = subprocess.run(
+        [*nbgrader, "release_feedback", MANIFEST.assignment, f"--Exchange.root={exchange}"],
+        cwd=course, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert released.returncode == 0, released.stderr
+    assert "Releasing feedback for student 'ben'" in released.stderr
+    assert "Feedback of ben is readable by every account that knows its name" in released.stderr
+    submission = cache / COURSE / f"ben+{MANIFEST.assignment}+{HANDED_IN}"
+    submission.mkdir(parents=True)
+    shutil.copy(SOLUTIONS / NOTEBOOK, submission)
+    (submission / "submission_secret.txt").write_text(SECRET)
+    work.mkdir()
+    fetched = subprocess.run(
+        [*nbgrader, "fetch_feedback", MANIFEST.assignment, f"--course={COURSE}",
+         f"--Exchange.root={exchange}", f"--Exchange.cache={cache}"],
+        cwd=work, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert fetched.returncode == 0, fetched.stderr
+    page = work / MANIFEST.assignment / "feedback" / HANDED_IN / "from_scratch.html"
+    given = course / "feedback" / "ben" / MANIFEST.assignment / "from_scratch.html"
+    assert page.read_text(encoding="utf-8") == given.read_text(encoding="utf-8")
 
 
 def shown(markdown: str) -> str:

@@ -101,6 +101,13 @@ def limits_of(args: argparse.Namespace) -> Limits:
     return Limits(args.check_timeout, args.timeout, args.memory, args.idle_timeout)
 
 
+NBGRADER_FEEDBACK = (
+    "for each submission nbgrader collected, write its feedback as a page per notebook where "
+    "`nbgrader release_feedback` takes it, DIR/<student>/<assignment>/ (DIR: the course's "
+    "feedback/), so that each student's Fetch Feedback brings theirs"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
     p.add_argument(
@@ -173,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
         help="write a feedback file for each submission, DIR/<id>.md (Markdown): its "
         "scores, its public checks' messages and hints, its hidden checks' points only",
     )
+    g.add_argument("--nbgrader-feedback", type=Path, metavar="DIR", help=NBGRADER_FEEDBACK)
     g.add_argument(
         "--seed",
         type=int,
@@ -219,6 +227,7 @@ def parser() -> argparse.ArgumentParser:
             "write Gradescope's results.json for each submission into DIR/<id>/",
         ),
         ("--feedback", Path, "write a feedback file for each submission, DIR/<id>.md"),
+        ("--nbgrader-feedback", Path, NBGRADER_FEEDBACK),
     ):
         j.add_argument(option, type=kind, help=what)
 
@@ -294,6 +303,7 @@ def run_grade(args: argparse.Namespace) -> int:
         for e in args.exercise:
             manifest.exercise(e)
     outputs = Outputs(args.json, args.csv, args.gradescope, args.gradebook, args.feedback)
+    outputs.nbgrader_feedback = args.nbgrader_feedback
     outputs.check()  # before anything is graded
     if args.gradebook:
         check_nbgrader_gradebook(args.gradebook, manifest)
@@ -339,6 +349,7 @@ def grade_into(args: argparse.Namespace, manifest: Manifest, outputs: Outputs) -
     ):
         if where and not is_stdout(where):
             print(written.format(path=where), file=terminal)
+    outputs.say_nbgrader_feedback(manifest.assignment, terminal)
     return 0
 
 
@@ -359,11 +370,13 @@ def run_merge(args: argparse.Namespace) -> int:
         print(_("error: {error}").format(error=error), file=sys.stderr)
         return 2
     outputs = Outputs(args.json, args.csv, args.gradescope, None, args.feedback, run)
+    outputs.nbgrader_feedback = args.nbgrader_feedback
     outputs.check()
     terminal = sys.stderr if outputs.to_stdout() else sys.stdout
     with stdout_kept_for_reports(outputs.to_stdout()):
         outputs.write(results, None)
     say(results, load_manifest(), terminal)
+    outputs.say_nbgrader_feedback(load_manifest().assignment, terminal)
     print(_("{count} slices joined: {students} submissions").format(
         count=run["merged"], students=len(results)), file=terminal)  # fmt: skip
     return 0

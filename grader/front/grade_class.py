@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import TextIO
 
 from grader.grading import (
     Limits,
@@ -39,6 +40,7 @@ from grader.manifest import REPO, Manifest, load_manifest
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.feedback import check_feedback_folder, feedback_markdown, write_feedback
 from grader.report.json_report import read_json, write_json
+from grader.report.nbgrader_feedback import not_from_the_exchange, write_nbgrader_feedback
 from grader.report.paths import (
     check_report_paths,
     is_stdout,
@@ -141,6 +143,9 @@ class Outputs:
     feedback: Path | None = None  # a folder: a Markdown file per student
     run: dict | None = None  # what the JSON report says of how it was graded (`merge` reads it)
     streamed: set[Path] = field(default_factory=set)  # the streams written (once each)
+    # a folder: nbgrader's feedback/, a page per notebook for `nbgrader release_feedback`
+    nbgrader_feedback: Path | None = None
+    unreleasable: dict[str, str] = field(default_factory=dict)  # id: why it has no pages
 
     def write(self, results: list[SubmissionResult], just_done: SubmissionResult | None) -> None:
         """Rewrite the reports; write the Gradescope and feedback files of `just_done` (all of
@@ -168,6 +173,13 @@ class Outputs:
         if self.nbgrader:
             done = results if final else [just_done]
             write_nbgrader_gradebook(done, self.nbgrader, manifest)
+        if self.nbgrader_feedback:
+            titles = {ex.id: ex.title for ex in manifest.exercises}
+            for r in results if final else [just_done]:
+                if write_nbgrader_feedback(r, self.nbgrader_feedback, manifest, titles):
+                    self.unreleasable.pop(r.id, None)
+                else:
+                    self.unreleasable[r.id] = not_from_the_exchange(r, manifest.assignment)
         if self.feedback:
             titles = {ex.id: ex.title for ex in manifest.exercises}
             if standard_stream(self.feedback) is not None:
@@ -178,12 +190,24 @@ class Outputs:
             for r in results if final else [just_done]:
                 write_feedback(r, self.feedback, titles)
 
+    def say_nbgrader_feedback(self, assignment: str, terminal: TextIO) -> None:
+        """Say which submissions got no pages for nbgrader's exchange (on standard error),
+        and where the pages went, with the command that releases them."""
+        for why in self.unreleasable.values():
+            print(why, file=sys.stderr)
+        if self.nbgrader_feedback:
+            said = _(
+                "feedback for nbgrader's exchange written to {path}: `nbgrader "
+                "release_feedback {assignment}` hands it to the students"
+            )
+            print(said.format(path=self.nbgrader_feedback, assignment=assignment), file=terminal)
+
     def paths(self) -> tuple[dict[str, Path | None], ...]:
         """Return the paths given, by option, for `check_report_paths`: files, folders,
         streams (a folder or standard output), databases."""
         return (
             {"--json": self.json, "--csv": self.csv},
-            {"--gradescope": self.gradescope},
+            {"--gradescope": self.gradescope, "--nbgrader-feedback": self.nbgrader_feedback},
             {"--feedback": self.feedback},
             {"--gradebook": self.nbgrader},
         )

@@ -7,6 +7,7 @@ notes that loading the notebooks produced."""
 
 import os
 import re
+from collections.abc import Collection
 from functools import cache
 from pathlib import Path
 
@@ -220,13 +221,34 @@ def loading_notes(result: SubmissionResult) -> list[str]:
     return lines + [line for note in notes for line in item(note, "")] + [""]
 
 
-def feedback_markdown(result: SubmissionResult, titles: dict[str, str] | None = None) -> str:
-    """Return one submission's feedback as Markdown, in the submission's language."""
+def feedback_title(result: SubmissionResult, notebook: str = "") -> str:
+    """Return the feedback's title, as plain text in the current language: whose it is, and
+    for a notebook's page (`notebook`), which notebook's."""
+    if notebook:
+        return _("Feedback for {id}: {notebook}").format(id=result.id, notebook=notebook)
+    return _("Feedback for {id}").format(id=result.id)
+
+
+def feedback_markdown(
+    result: SubmissionResult,
+    titles: dict[str, str] | None = None,
+    notebook: str = "",
+    exercises: Collection[str] | None = None,
+) -> str:
+    """Return one submission's feedback as Markdown, in the submission's language. A
+    notebook's page (`notebook`, with the ids of its `exercises`) keeps the whole submission's
+    total, table and notes, and the checks of those exercises alone."""
     titles = titles or {}
     with speaking(result.language):
         total = {"score": _points(result.score), "total": _points(result.max_score)}
+        if notebook:
+            title = _("Feedback for {id}: {notebook}").format(
+                id=inline(result.id), notebook=f"`{notebook}`"
+            )
+        else:
+            title = _("Feedback for {id}").format(id=inline(result.id))
         lines = [
-            "# " + _("Feedback for {id}").format(id=inline(result.id)),
+            "# " + title,
             "",
             "**" + _("Total: {score}/{total} points").format(**total) + "**",
             "",
@@ -234,7 +256,8 @@ def feedback_markdown(result: SubmissionResult, titles: dict[str, str] | None = 
             "",
         ]
         for e in result.exercises:
-            lines += exercise_section(e, _(titles.get(e.name, "")))
+            if exercises is None or e.name in exercises:
+                lines += exercise_section(e, _(titles.get(e.name, "")))
         lines += loading_notes(result)
     return "\n".join(lines).rstrip("\n") + "\n"
 
