@@ -31,8 +31,11 @@ c.ExecutePreprocessor.timeout = 900
 
 # Under a class's hub, collect takes each submission for the student whose account made it, and
 # sets aside, in forged/, one that a student's account handed in under another student's name
-# (hub/lab_exchange.py; the accounts' prefix is HUB_USER_PREFIX, as for the hub).
+# (hub/lab_exchange.py; the accounts' prefix is HUB_USER_PREFIX, as for the hub). release_feedback
+# gives each feedback page to its student's account alone (hub/lab_feedback.py).
 _hub = __import__("grader.manifest").manifest.REPO / "hub"
 if (_hub / "lab_exchange.py").exists():  # (a checkout; the lab's image has no hub/)
     __import__("sys").path.append(str(_hub))
+    c.ExchangeFactory.release_assignment = "lab_exchange.LabRelease"  # (its inbound: sticky)
     c.ExchangeFactory.collect = "lab_exchange.LabCollect"
+    c.ExchangeFactory.release_feedback = "lab_feedback.LabReleaseFeedback"

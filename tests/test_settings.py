@@ -59,16 +59,23 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (  # (file, variable or pattern, why
     ("hub/jupyterhub_config.py", "LAB_LANG", "handed on to each lab, where grader.settings has it"),
     ("docs/hub/slurm_config.py", "HUB_*", HUB),
     ("hub/lab_exchange.py", "HUB_USER_PREFIX", "nbgrader's collect: the hub hands labs the prefix"),
+    ("hub/lab_feedback.py", "HUB_USER_PREFIX", "nbgrader's release_feedback, as collect"),
     ("hub/clear.py", "HUB_*", "the hub's state and account prefix, as its config has them"),
     ("hub/lab_hub.py", "DOCKER_HOST", "Docker's own: where its engine listens, as docker reads it"),
     ("nbgrader_config.py", "LAB_RELEASE_LANGUAGE", "nbgrader's config: `make exercises` sets it"),
     ("docker/lab-config-exchange/nbgrader_config.py", "LAB_EXCHANGE", "nbgrader's, from start-lab"),
     ("docker/lab-config-exchange/nbgrader_config.py", "LAB_COURSE", "nbgrader's, from start-lab"),
     ("docker/lab-config-exchange/nbgrader_config.py", "JUPYTERHUB_USER", "the hub's student"),
+    (
+        "docker/lab-config-exchange/nbgrader_config.py",
+        "HUB_USER_PREFIX",
+        "from the hub: each lab its own account, so a submission is closed to it",
+    ),
     ("docker/lab-health", "JUPYTER_TOKEN", "the image's health check, run by its own python3"),
     ("docker/lab-health", "LAB_LOGIN_FILE", "the image's health check, run by its own python3"),
     ("docker/lab-health", "LAB_PORT", "the image's health check, run by its own python3"),
     ("docs/make_picture.py", "PATH", "extended, so that the kernel it starts runs this Python"),
+    ("hub/bench.py", "PATH", "extended, so that nbgrader finds this Python's alembic"),
 )
 
 SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)

@@ -31,4 +31,19 @@ if os.environ.get("JUPYTERHUB_USER"):
                 self.fail(not_your_name(hub_name, self.coursedir.student_id))
             super().init_dest()
 
+        def copy_files(self):
+            super().copy_files()
+            if os.environ.get("HUB_USER_PREFIX"):  # each lab its own account, collect as root
+                close_submission(os.path.join(self.inbound_path, self.assignment_filename))
+
+    def close_submission(path: str) -> None:
+        """Make a submission this account's alone (nbgrader leaves it open to every account,
+        for a name that no one else can list): root's collect reads it all the same."""
+        os.chmod(path, 0o700)
+        for folder, folders, files in os.walk(path):
+            for name in folders:
+                os.chmod(os.path.join(folder, name), 0o700)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o600)
+
     c.ExchangeFactory.submit = HubNameSubmit

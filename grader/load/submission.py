@@ -192,7 +192,9 @@ def unfit_by_notebook(sub: Submission, manifest: Manifest) -> dict[Path, str]:
 # Under a class's hub, nbgrader's collect (hub/lab_exchange.py) sets a submission that one
 # student's account handed in under another student's name aside in this folder of the course,
 # beside `submitted/`: forged/<maker>/<assignment>/<the exchange's folder name>, which starts
-# with the name it claimed. The student it named keeps their own submission.
+# with the name it claimed. The student it named keeps their own submission. A submission that
+# collect refuses (a link, a device, another's file in it: see `unsafe_entry`) is set aside
+# there too, whoever it names, without what it refused.
 SET_ASIDE = "forged"
 
 
@@ -203,6 +205,39 @@ def handed_in_as_another(maker: str, claimed: str, assignment: str, path: str | 
         "{maker}'s account handed in {assignment} as {claimed}: set aside in {path}, "
         "not taken as {claimed}'s"
     ).format(maker=maker, claimed=claimed, assignment=assignment, path=path)
+
+
+def refused_submission(
+    maker: str, claimed: str, assignment: str, why: str, path: str | Path
+) -> str:
+    """The one line that says collect refused a submission that `maker`'s account handed in as
+    `claimed`, and `why` (see `unsafe_entry`): it is not taken as `claimed`'s, and what of it
+    could be copied without following a link was set aside in `path`."""
+    return _(
+        "{maker}'s account handed in {assignment} as {claimed}, refused: {why}; set aside in "
+        "{path}, not taken as {claimed}'s"
+    ).format(maker=maker, claimed=claimed, assignment=assignment, why=why, path=path)
+
+
+# What collect refuses to find in a submission (see `unsafe_entry`)
+LINK, HARD_LINK, OTHERS, DEVICE, FIFO, SOCKET, NOT_A_FOLDER = (
+    "link", "hard link", "others'", "device", "fifo", "socket", "not a folder",
+)  # fmt: skip
+
+
+def unsafe_entry(kind: str, path: str, account: str = "", target: str = "") -> str:
+    """Why collect refuses a submission: `path`, in it, is a `kind` of thing (LINK to `target`,
+    HARD_LINK to a file of `account`, OTHERS: owned by `account`, ...) that it never copies."""
+    said = {
+        LINK: _("{path} is a symbolic link (to {target})"),
+        HARD_LINK: _("{path} is a hard link to a file of {account}"),
+        OTHERS: _("{path} belongs to {account}, not to the account that handed it in"),
+        DEVICE: _("{path} is a device file"),
+        FIFO: _("{path} is a named pipe (FIFO)"),
+        SOCKET: _("{path} is a socket"),
+        NOT_A_FOLDER: _("{path} is not a folder"),
+    }[kind]
+    return said.format(path=path, account=account, target=target)
 
 
 def unchecked_owners(count: int, assignment: str, accounts: list[str]) -> str:
@@ -229,5 +264,7 @@ def set_aside_beside(class_folder: str | Path, assignment: str) -> list[str]:
     for found in sorted(folder.glob(f"*/{assignment}/*+{assignment}+*")):
         claimed = found.name.split(f"+{assignment}+")[0]
         maker = found.parent.parent.name
+        if claimed == maker:  # (a submission of their own that collect refused: it said why)
+            continue
         lines.append(handed_in_as_another(maker, claimed, assignment, found))
     return lines
