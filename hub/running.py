@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.metadata
 import json
 import os
 import pwd
@@ -51,8 +52,9 @@ def python_for_students(folder: Path) -> str:
     (this one lies in a folder closed to them: a checkout made by `mktemp -d` as root, a
     pyenv under /root) a self-contained one made in `folder`, which must be open to them: a
     virtual environment on a system Python of the same version, holding this one's packages
-    and the files of the lab image (hub/lab_files.py) under `folder`/lab, so that nothing
-    it runs reads the checkout. '' where no system Python of this version is there."""
+    and their commands, and the files of the lab image (hub/lab_files.py) under `folder`/lab,
+    so that nothing it runs reads the checkout. '' where no system Python of this version is
+    there."""
     if os.geteuid() != 0 or _runs_as_nobody(sys.executable):
         return sys.executable
     base = _system_python()
@@ -73,9 +75,26 @@ def python_for_students(folder: Path) -> str:
         (lab / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, lab / name)
     (site / "lab.pth").write_text(f"{lab}\n")
+    _write_commands(folder / "bin", site)
     subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
     python = str(folder / "bin" / "python")
     return python if _runs_as_nobody(python) else ""
+
+
+def _write_commands(bin_folder: Path, site: Path) -> None:
+    """Write into `bin_folder` the commands that the packages in `site` install (torchrun,
+    jupyter, jupyter-lab, nbgrader, ...), which a virtual environment given its packages by
+    links lacks: each a script that its Python runs, as pip writes them."""
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        for entry in dist.entry_points.select(group="console_scripts"):
+            script = bin_folder / entry.name
+            if entry.attr and not script.exists():
+                script.write_text(
+                    f"#!{bin_folder / 'python'}\nimport sys\n"
+                    f"from {entry.module} import {entry.attr.split('.')[0]}\n"
+                    f"sys.exit({entry.attr}())\n"
+                )
+                script.chmod(0o755)
 
 
 def lend_python(folder: Path) -> tuple[str, str]:

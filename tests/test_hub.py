@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,52 @@ def test_a_restart_keeps_a_students_edits(labs):
     again = ann.lab_api("GET", path).json()["content"]
     assert "".join(again["cells"][0]["source"]).startswith("# ann was here")
     assert names_in(ann.lab_api("GET", "/contents/multigpu")) == NOTEBOOKS
+
+
+def notebooks_shell_line(notebook: Path, command: str) -> str:
+    """The line of the notebook's shell examples that starts with `command`."""
+    cells = json.loads(notebook.read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return next(line for line in text.splitlines() if line.startswith(command + " "))
+
+
+def test_the_terminal_runs_the_notebooks_torchrun_line_with_the_labs_python(labs):
+    """In the Terminal, python, torchrun, jupyter and nbgrader are the lab's (run by root, the
+    Python the hub lends, which has none of these commands of its own until the hub writes
+    them), and the distributed notebook's torchrun line runs as written on the finished
+    notebook."""
+    ann = labs["ann"]
+    lab_python = ann.run("import sys\nprint(sys.executable)\n").strip()
+    shown, status = ann.terminal(
+        "echo commands: $(command -v python torchrun jupyter nbgrader)"
+        " && python -c 'import sys; print(\"runs\", sys.executable)'"
+        " && jupyter troubleshoot | grep -A1 sys.executable && nbgrader --version"
+    )
+    assert status == 0, shown
+    found = [Path(p) for p in shown.rsplit("commands: ", 1)[1].splitlines()[0].split()]
+    assert [p.name for p in found] == ["python", "torchrun", "jupyter", "nbgrader"], shown
+    assert len({p.parent for p in found}) == 1, shown  # start-lab's, first on PATH
+    assert f"runs {lab_python}" in shown, shown
+    assert f"sys.executable:\n\t{lab_python}" in shown, shown  # jupyter and its subcommands
+    assert "nbgrader version" in shown, shown
+
+    assignment = load_manifest().assignment
+    line = notebooks_shell_line(REPO / "exercises" / assignment / "distributed.ipynb", "torchrun")
+    finished = json.loads((REPO / "solutions" / assignment / "distributed.ipynb").read_text())
+    for user in labs.values():
+        saved = user.lab_api("PUT", f"/contents/{assignment}/distributed.ipynb",
+                             data=json.dumps({"type": "notebook", "content": finished}))  # fmt: skip
+        assert saved.status_code == 200, saved.text
+    # Both students at once, as in a class: on one machine, with no --master-port, torchrun
+    # meets on a free port, so neither run stops the other. On the embedded sample's first
+    # images.
+    quick = "DPLAB_OFFLINE=1 DPLAB_DATA_LIMIT=512,256"
+    with ThreadPoolExecutor(2) as pool:
+        runs = pool.map(lambda user: user.terminal(f"cd {assignment} && {quick} {line}", 600),
+                        labs.values())  # fmt: skip
+        for shown, status in runs:
+            assert status == 0, shown
+            assert "test acc: " in shown and "on 2 processes (" in shown, shown
 
 
 def test_an_idle_lab_is_stopped_and_its_work_kept(tmp_path_factory):

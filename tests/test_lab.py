@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -36,7 +37,7 @@ def get(url: str) -> tuple[int, bytes]:
 class Lab:
     """JupyterLab started by the lab's start command (or by `make lab`), on a free port."""
 
-    def __init__(self, work, port, command=None):
+    def __init__(self, work, port, command=None, **settings: str):
         self.work, self.port = work, port
         self.base = f"http://127.0.0.1:{port}"
         env = dict(
@@ -47,6 +48,8 @@ class Lab:
             LAB_PORT=str(port),
             JUPYTER_TOKEN=TOKEN,
             JUPYTER_RUNTIME_DIR=str(work.parent / "runtime"),
+            TMPDIR=str(work.parent),  # start-lab's Terminal folder, removed with the test's
+            **settings,
         )
         self.proc = subprocess.Popen(
             command or [str(REPO / "docker" / "start-lab")],
@@ -129,6 +132,35 @@ def test_the_students_lab_leaves_nbgrader_out(lab):
     assert "nbgrader" not in out
     if importlib.util.find_spec("nbgrader") is not None:
         assert b'"disabledExtensions": ["@jupyter/nbgrader"' in page
+
+
+ANNOUNCEMENTS = "@jupyterlab/apputils-extension:announcements"
+
+
+def page_config(page: bytes) -> dict:
+    """The settings JupyterLab's page hands its front end (its jupyter-config-data)."""
+    found = re.search(rb'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                      page, re.DOTALL)  # fmt: skip
+    assert found, page[:2000]
+    return json.loads(found.group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exchange", [False, True], ids=["alone", "with-an-exchange"])
+def test_the_lab_does_not_ask_to_fetch_jupyters_news(tmp_path, exchange):
+    """JupyterLab's "Jupyter news?" pop-up (its announcements plugin) greets no student: it
+    is off in the lab, alone or with a hub's exchange (lab-config-exchange/)."""
+    settings = {"LAB_EXCHANGE": str(tmp_path / "exchange")} if exchange else {}
+    lab = Lab(tmp_path / "work", free_port(), **settings)
+    try:
+        status, page = get(f"{lab.base}/lab?token={TOKEN}")
+        assert status == 200
+        disabled = page_config(page)["disabledExtensions"]
+        assert ANNOUNCEMENTS in disabled, disabled
+        assert ("@jupyter/nbgrader" in disabled) == (not exchange), disabled
+    finally:
+        code, out = lab.stop()
+    assert code == 0 and errors_in(out) == [], out
 
 
 def folders_of_children(pid: int) -> list[Path]:
@@ -285,3 +317,54 @@ def test_the_chinese_lab_says_when_no_font_can_draw_chinese(tmp_path):
             ),
         )
         assert ("fonts-wqy-microhei" in proc.stderr) == warned, proc.stderr
+
+
+# Stands in for the lab's server: types COMMAND into a shell started as the lab's Terminal
+# starts one (start-lab's terminado_settings), and exits with its status.
+TERMINAL = """
+import json, os, subprocess, sys
+setting = next(a for a in sys.argv if a.startswith("--ServerApp.terminado_settings="))
+shell = json.loads(setting.split("shell_command=", 1)[1])
+sys.exit(subprocess.run([*shell, "-c", os.environ["COMMAND"]]).returncode)
+"""
+SAYS_WHICH_PYTHON = "import sys; print('runs', sys.executable)\n"
+
+
+@pytest.mark.parametrize("own_commands", [True, False], ids=["a-venv", "a-bare-python"])
+def test_the_terminal_has_the_labs_python_torchrun_jupyter_and_nbgrader(tmp_path, own_commands):
+    """Whatever the login files set PATH to, the Terminal's python, torchrun, jupyter and
+    nbgrader run the lab's Python: a virtual environment's own commands, or, for a Python
+    whose folder has none (as the one a hub lends), the Python with -m. (A stand-in serves
+    the lab: only the Terminal is looked at.)"""
+    python = Path(sys.executable)
+    if not own_commands:  # a Python in a folder of its own, with no commands beside it
+        (tmp_path / "bare").mkdir()
+        python = tmp_path / "bare" / "python"
+        python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".profile").write_text("PATH=/usr/bin:/bin\n")  # as Debian's /etc/profile does
+    (tmp_path / "server.py").write_text(TERMINAL)
+    (tmp_path / "which.py").write_text(SAYS_WHICH_PYTHON)
+    command = (
+        "echo commands: $(command -v python torchrun jupyter nbgrader) && python which.py"
+        " && torchrun --standalone --nproc-per-node 1 which.py"
+        " && jupyter troubleshoot | grep -A1 sys.executable && nbgrader --version"
+    )
+    proc = subprocess.run(
+        [str(REPO / "docker" / "start-lab")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, HOME=str(home), TMPDIR=str(tmp_path), LAB_PYTHON=str(python),
+                 LAB_WORK=str(tmp_path / "work"), JUPYTERHUB_API_TOKEN="stand-in",
+                 LAB_SINGLEUSER=f"{sys.executable} {tmp_path / 'server.py'}",
+                 COMMAND=f"cd {tmp_path} && {command}"),
+    )  # fmt: skip
+    said = proc.stdout
+    assert proc.returncode == 0, said + proc.stderr
+    found = [Path(p) for p in said.split("commands:", 1)[1].splitlines()[0].split()]
+    assert [p.name for p in found] == ["python", "torchrun", "jupyter", "nbgrader"], said
+    assert len({p.parent for p in found}) == 1, said  # start-lab's, first on PATH
+    assert said.count(f"runs {sys.executable}") == 2, said  # python, and torchrun's process
+    assert f"sys.executable:\n\t{sys.executable}" in said, said  # jupyter and its subcommands
+    assert "nbgrader version" in said, said
