@@ -1,4 +1,5 @@
-"""The class's JupyterHub: its logins, its two spawners and the GPUs it hands out.
+"""The class's JupyterHub: its logins, its two spawners and the GPUs it hands out (the control
+groups that hold its labs are in lab_groups.py).
 
 `jupyterhub_config.py`, beside this file, reads the instructor's settings and puts these
 pieces together; they live here so that tests can use them without a running hub.
@@ -7,6 +8,7 @@ pieces together; they live here so that tests can use them without a running hub
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import json
 import os
@@ -22,10 +24,14 @@ from jupyterhub.spawner import LocalProcessSpawner
 from nativeauthenticator import NativeAuthenticator
 from tornado import web
 from tornado.ioloop import PeriodicCallback
-from traitlets import Float, Unicode
+from traitlets import Float, List, Unicode
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+if str(HERE) not in sys.path:  # hub/ is no package: its modules import each other by name
+    sys.path.append(str(HERE))
+from lab_groups import lab_groups  # noqa: E402
+
 EXCHANGE_IN_CONTAINERS = "/srv/nbgrader/exchange"  # nbgrader's own default
 
 
@@ -134,8 +140,12 @@ class ClassAuthenticator(NativeAuthenticator):
             self.log.info("hub: %s was added to the class list", name)
             self.make_account(name)
         for name in sorted(removed):
+            if name in self.admin_users:
+                self.log.info("hub: %s left the class list and, as the hub's admin, may still "
+                              "log in", name)  # fmt: skip
+                continue
             info = self.get_user(name)
-            if info is not None and name not in self.admin_users:
+            if info is not None:
                 info.is_authorized = False
                 self.db.commit()
             self.log.info("hub: %s left the class list and can no longer log in", name)
@@ -159,6 +169,15 @@ def remove_account(account: str, timeout: float = 30) -> bool:
     return False
 
 
+MADE = "made.json"  # in the state folder: what the hub made outside it, for hub.clear
+
+
+def record_made(state: Path, **made: str) -> None:
+    """Write down, in `state`, the students' accounts' prefix and the folders the hub made
+    for them (their homes, the exchange, their Python), which `make hub-clear` reads."""
+    (state / MADE).write_text(json.dumps(made, indent=1) + "\n")
+
+
 class GpuRoundRobin:
     """Hands each student one GPU of `gpus` in the order they first start a lab, and
     remembers it in a file, so a student keeps the same GPU across restarts."""
@@ -175,20 +194,37 @@ class GpuRoundRobin:
         return given[name]
 
 
+def gpu_mode(mode: str, gpus: list[str]) -> str:
+    """HUB_GPUS, checked: every GPU for every lab (`all`), one of `gpus` each in turn
+    (`each`), or none (`none`)."""
+    if mode not in ("all", "each", "none"):
+        raise SystemExit(f"hub: HUB_GPUS={mode!r}: say all, each or none")
+    if mode == "each" and not gpus:
+        raise SystemExit("hub: HUB_GPUS=each needs the GPUs to share, as HUB_GPU_IDS=0,1,2,3")
+    return mode
+
+
+def visible_gpus(mode: str, gpus: list[str], turns: str | os.PathLike, name: str) -> str | None:
+    """CUDA_VISIBLE_DEVICES for `name`'s lab as process, as HUB_GPUS `mode` says: None (left
+    unset: every GPU), one of `gpus` in turn (remembered in `turns`), or '' (none: the lab's
+    stand-in devices then compute on the CPU)."""
+    if mode == "none":
+        return ""
+    if mode == "each":
+        return GpuRoundRobin(gpus, turns).gpu_for(name)
+    return None
+
+
 def lab_host_config(mode: str, gpus: list[str], state: Path, shm: str = "4g"):
     """DockerSpawner's `extra_host_config`: a /dev/shm of `shm` and every GPU for every lab
     (`all`), one each in turn (`each`), or none (`none`). One each needs `device_ids`: a
     request of `count=1` would put every student on the same GPU."""
     base = {"shm_size": shm}
-    if mode == "none":
+    if gpu_mode(mode, gpus) == "none":
         return base
     if mode == "all":
         request = {"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}
         return base | {"device_requests": [request]}
-    if mode != "each":
-        raise SystemExit(f"hub: HUB_GPUS={mode!r}: say all, each or none")
-    if not gpus:
-        raise SystemExit("hub: HUB_GPUS=each needs the GPUs to share, as HUB_GPU_IDS=0,1,2,3")
     turns = GpuRoundRobin(gpus, state / "gpus.json")
 
     def host_config(spawner) -> dict:
@@ -281,11 +317,22 @@ class LabProcessSpawner(LocalProcessSpawner):
     made at the first start with its home under `homes`. Run by anyone else, every lab runs
     as that user, with a home per student under `homes`: for trying the hub out, not for a
     class, as students could then read each other's files.
+
+    Each lab runs in a control group of its own (`LabGroups`), with `mem_limit` and
+    `cpu_limit`, where the machine lets the hub make one; stopping the lab stops every
+    process in it (and, run by root, every process of the student's account). It sees the
+    GPUs `gpus` says, through CUDA_VISIBLE_DEVICES, and keeps its temporary files in its
+    home (TMPDIR is ~/.tmp), which goes with the account after the course.
     """
 
     homes = Unicode("/home", config=True, help="Where the students' homes are made.")
     prefix = Unicode("lab-", config=True, help="Put before a student's name for their account.")
     python = Unicode(sys.executable, config=True, help="The lab's Python.")
+    gpus = Unicode(
+        "all", config=True, help="The GPUs a lab sees: all, each (one of gpu_ids each) or none."
+    )
+    gpu_ids = List(Unicode(), config=True, help="The GPUs handed out one each (gpus='each').")
+    gpu_turns = Unicode("", config=True, help="Where each student's GPU is remembered.")
 
     @property
     def isolated(self) -> bool:
@@ -300,6 +347,12 @@ class LabProcessSpawner(LocalProcessSpawner):
         if self.isolated:
             return pwd.getpwnam(self.account).pw_dir
         return os.path.join(self.homes, self.user.name)
+
+    @property
+    def tmpdir(self) -> str:
+        """The lab's temporary folder (TMPDIR), in its home: what the Terminal's start, torch
+        and the grader's warm server leave there goes with the home."""
+        return os.path.join(self.home, ".tmp")
 
     def _make_account(self) -> bool:
         """Make the student's account where it is missing; True where it was made now."""
@@ -340,18 +393,66 @@ class LabProcessSpawner(LocalProcessSpawner):
     # leaves no account behind (the next start makes it again).
     _account_made_for_this_start = False
 
+    # The files that the lab's first process writes its id to, to join its control groups.
+    _joins: list[Path] = []  # (each start sets its own)
+
     async def start(self):
         if self.isolated:
             self._account_made_for_this_start = self._make_account()
             try:  # (a probe of a second or so, which the hub's other users need not wait for)
                 self.lab = await asyncio.to_thread(self._check_reach)
                 self.cmd = [os.path.join(self.lab, "docker", "start-lab")]
+                self._joins = await asyncio.to_thread(self._make_group)
                 return await self._start_and_listen()
-            except Exception:
+            except Exception:  # (what the lab started is in its group; a new account goes)
+                await asyncio.to_thread(self._end_group, every_process_of_the_account=False)
                 self._forget_a_new_account()
                 raise
         os.makedirs(self.home, exist_ok=True)
+        self._joins = await asyncio.to_thread(self._make_group)
         return await self._start_and_listen()
+
+    def _make_group(self) -> list[Path]:
+        """Make the lab's control group with its limits; the files to join it by, or none
+        (the hub's log says why) where there is none."""
+        groups = lab_groups()
+        if not groups.version:
+            said = (
+                "hub: the lab of %s runs without a memory or CPU limit: %s (the hub's log "
+                "said at its start what to do)"
+            )
+            self.log.warning(said, self.user.name, groups.why)
+            return []
+        try:
+            joins = groups.make(self.account, self.mem_limit, self.cpu_limit)
+        except OSError as error:
+            said = (
+                "hub: the lab of %s runs without a memory or CPU limit, as its control "
+                "group could not be made: %s"
+            )
+            self.log.error(said, self.user.name, error)
+            groups.remove(self.account)
+            return []
+        memory = f"{self.mem_limit / 2**30:.3g} GiB" if self.mem_limit else "no limit"
+        said = "hub: the lab of %s runs in the control group %s (memory: %s; CPUs: %s)"
+        self.log.info(said, self.user.name, self.account, memory, self.cpu_limit or "no limit")
+        return joins
+
+    def _end_group(self, every_process_of_the_account: bool = True) -> None:
+        """Stop every process the lab left (a warm server, a kernel's children) and remove
+        its control group; run by root, every process of the student's account too."""
+        groups = lab_groups()
+        if groups.version and not groups.remove(self.account):
+            self.log.error("hub: could not empty and remove the control group of %s's lab",
+                           self.user.name)  # fmt: skip
+        if self.isolated and every_process_of_the_account:
+            subprocess.run(["pkill", "-KILL", "-u", self.account], capture_output=True)
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await asyncio.to_thread(self._end_group)
 
     async def _start_and_listen(self) -> tuple[str, int]:
         """Start the lab's process and wait until it listens on its port. A lab whose process
@@ -405,14 +506,24 @@ class LabProcessSpawner(LocalProcessSpawner):
             self.log.info("hub: removed the account %s: its lab did not start", self.account)
 
     def make_preexec_fn(self, name):
-        if self.isolated:
-            from jupyterhub.spawner import set_user_setuid
+        # Run in the lab's first process before it starts the lab: it joins the lab's
+        # control groups while it is still root's (every process of the lab then starts in
+        # them), becomes the student's, and makes its temporary folder as theirs.
+        from jupyterhub.spawner import set_user_setuid
 
-            return set_user_setuid(self.account)
-        home = self.home
+        joins, home, tmpdir = list(self._joins), self.home, self.tmpdir
+        become = set_user_setuid(self.account) if self.isolated else None
 
         def preexec():
-            os.chdir(home)
+            for path in joins:
+                with open(path, "w") as procs:
+                    procs.write(str(os.getpid()))
+            if become is not None:
+                become()
+            else:
+                os.chdir(home)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(tmpdir, 0o700)
 
         return preexec
 
@@ -429,7 +540,11 @@ class LabProcessSpawner(LocalProcessSpawner):
             LAB_EXERCISES=os.path.join(self.lab, "exercises"),
             LAB_WORK=os.path.join(self.home, "work"),
             PATH=os.path.dirname(self.python) + os.pathsep + env.get("PATH", os.defpath),
+            TMPDIR=self.tmpdir,
         )
+        gpus = visible_gpus(self.gpus, list(self.gpu_ids), self.gpu_turns, self.user.name)
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         return env
 
     def move_certs(self, paths):
