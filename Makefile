@@ -1,9 +1,9 @@
 # The lab's two front doors:
 #   make lab    set up what students use, then serve JupyterLab on 127.0.0.1:8888
 #   make test   set up everything, then run every test (and print the slowest)
-#   make hub    JupyterHub for a class on this machine (docs/hub.md)
+#   make hub    JupyterHub for a class on this machine (docs/hub.md); make hub-setup installs it
 #   make hub-clear   after the course: list the students' accounts the hub made; YES=1 removes
-#                    them and their homes
+#                    them, their homes and their files elsewhere (keeping the exchange)
 # and, for people who write exercises or maintain the lab:
 #   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
 #   make bench-grade, bench-notebooks, bench-distributed, bench-hub, bench-shards   figures, printed
@@ -28,7 +28,7 @@ ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub bench-shards \
-	lock images clean picture render hub hub-clear gpu-check
+	lock images clean picture render hub hub-setup hub-clear gpu-check
 
 setup: $(DEV_READY)
 
@@ -72,11 +72,13 @@ $(PROXY): hub/package.json hub/package-lock.json
 # Run by root with the process spawner, the hub lends the students' accounts a Python of its own,
 # made once for each version of the lab in HUB_PYTHON_FOLDER (/var/lib/multigpu-lab/python) from
 # the system's Python, so that no lab runs the checkout's .venv, wherever it lies.
-hub: $(HUB_READY) $(PROXY) $(CATALOGUES)
+hub-setup: $(HUB_READY) $(PROXY) $(CATALOGUES)
+
+hub: hub-setup
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
 
 hub-clear: $(HUB_READY)
-	$(BIN)/python -m hub.clear $(if $(YES),--yes)
+	$(BIN)/python -m hub.clear $(if $(YES),--yes) --yes-is YES=1
 
 lint: $(DEV_READY)
 	$(BIN)/ruff check .

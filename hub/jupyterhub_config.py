@@ -14,8 +14,10 @@
 #                                                                 (docker where an engine answers)
 #   HUB_IMAGE          the lab image                              (multigpu-lab/lab:0.1.0)
 #   HUB_GPUS           all (every lab sees every GPU), each (one GPU per student, in turn,
-#                      from HUB_GPU_IDS such as 0,1,2,3) or none  (none)
-#   HUB_MEM_LIMIT, HUB_CPU_LIMIT   per lab                        (8G, 4)
+#                      from HUB_GPU_IDS such as 0,1,2,3) or none: containers by the engine,
+#                      processes by CUDA_VISIBLE_DEVICES          (none)
+#   HUB_MEM_LIMIT, HUB_CPU_LIMIT   per lab: its container's, or its process's control group,
+#                      with every process it starts               (8G, 4)
 #   HUB_IDLE_TIMEOUT   seconds before an idle lab is stopped      (3600)
 #   HUB_HOMES, HUB_USER_PREFIX     process spawner run by root: the students' accounts'
 #                      homes and the start of their names         (/home, lab-)
@@ -32,12 +34,18 @@
 #                      Assignments tab. A folder on this machine (process spawner), or a volume
 #                      or folder mounted in every lab (docker). Unset: the notebooks are copied
 #                      into each lab at its first start.
+#   HUB_COURSE         process spawner run by root: the instructor's course folder, where
+#                      collect and grade write the submissions, the grades and the gradebook;
+#                      the hub refuses to start while it, the lab's checkout or the state folder
+#                      is open to other accounts (hub/closed.py)          (the lab's checkout)
 #   LAB_LANG           zh_CN gives every student the Chinese notebooks
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from closed import check_closed, instructors_folders  # noqa: E402
+from lab_groups import FIX_LIMITS, lab_groups  # noqa: E402
 from lab_hub import (  # noqa: E402
     EXCHANGE_IN_CONTAINERS,
     REPO,
@@ -45,9 +53,11 @@ from lab_hub import (  # noqa: E402
     LabProcessSpawner,
     check_python_for_students,
     container_engine_answers,
+    gpu_mode,
     lab_host_config,
     open_exchange,
     read_class_list,
+    record_made,
 )
 
 c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
@@ -94,6 +104,7 @@ exchange = env("HUB_EXCHANGE", "")
 if exchange:
     c.Spawner.environment["LAB_EXCHANGE"] = EXCHANGE_IN_CONTAINERS
 
+gpu_ids = [g for g in env("HUB_GPU_IDS", "").split(",") if g]
 spawner = env("HUB_SPAWNER") or ("docker" if container_engine_answers() else "process")
 if spawner == "docker":
     c.JupyterHub.spawner_class = "docker"
@@ -104,9 +115,7 @@ if spawner == "docker":
     if exchange:
         c.DockerSpawner.volumes[exchange] = EXCHANGE_IN_CONTAINERS
     # The GPUs, and a /dev/shm with room for DataLoader workers (64 MB by default).
-    c.DockerSpawner.extra_host_config = lab_host_config(
-        env("HUB_GPUS", "none"), [g for g in env("HUB_GPU_IDS", "").split(",") if g], state
-    )
+    c.DockerSpawner.extra_host_config = lab_host_config(env("HUB_GPUS", "none"), gpu_ids, state)
     c.DockerSpawner.extra_create_kwargs = {"user": "1000"}
     if env("HUB_NETWORK"):  # the hub in a container: labs join its network
         c.DockerSpawner.network_name = env("HUB_NETWORK")
@@ -120,6 +129,9 @@ if spawner == "docker":
         host = env("HUB_CONNECT_IP", "host.containers.internal")  # Docker: host.docker.internal
         c.DockerSpawner.hub_connect_url = f"http://{host}:{c.JupyterHub.hub_port}"
 elif spawner == "process":
+    if os.geteuid() == 0:  # the students' accounts have Terminals: nothing of ours is open
+        course = Path(env("HUB_COURSE") or REPO)
+        check_closed(instructors_folders(REPO, course, state), exchange)
     c.JupyterHub.spawner_class = LabProcessSpawner
     c.LabProcessSpawner.cmd = [str(REPO / "docker" / "start-lab")]
     c.LabProcessSpawner.homes = env("HUB_HOMES") or (
@@ -131,7 +143,7 @@ elif spawner == "process":
     # not. Unless HUB_PYTHON names one, the hub then lends them one of its own making, outside
     # the checkout; either way it checks, before it takes a login, that `nobody` can start a
     # lab with it.
-    python = env("HUB_PYTHON") or sys.executable
+    python, folder = env("HUB_PYTHON") or sys.executable, None
     if os.geteuid() == 0 and not env("HUB_PYTHON"):
         from running import lend_python
 
@@ -149,6 +161,24 @@ elif spawner == "process":
         # the instructor's collect, run in their lab, maps each submission's owner back to
         # a student's name (hub/lab_exchange.py)
         c.Spawner.environment["HUB_USER_PREFIX"] = c.LabProcessSpawner.prefix
+    # Each lab in a control group of its own with the limits above, seeing the GPUs HUB_GPUS
+    # gives it (CUDA_VISIBLE_DEVICES); stopping it stops every process it started.
+    c.LabProcessSpawner.gpus = gpu_mode(env("HUB_GPUS", "none"), gpu_ids)
+    c.LabProcessSpawner.gpu_ids = gpu_ids
+    c.LabProcessSpawner.gpu_turns = str(state / "gpus.json")
+    groups = lab_groups()
+    if groups.version:
+        print(f"hub: each lab runs in a control group of its own ({groups.described()}), "
+              f"with at most {c.Spawner.mem_limit} of memory and {c.Spawner.cpu_limit:g} CPUs",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(f"hub: WARNING: the labs run without a memory or CPU limit: {groups.why}; one "
+              f"student's runaway cell can slow or stop every lab. {FIX_LIMITS}.",
+              file=sys.stderr)  # fmt: skip
+    # For `make hub-clear` after the course: whose accounts, and which folders it keeps.
+    record_made(state, prefix=c.LabProcessSpawner.prefix, homes=c.LabProcessSpawner.homes,
+                exchange=c.Spawner.environment.get("LAB_EXCHANGE", ""),
+                python_folder=str(folder or ""))  # fmt: skip
 else:
     raise SystemExit(f"hub: HUB_SPAWNER={spawner!r}: say docker or process")
 

@@ -52,3 +52,15 @@ def test_a_student_removed_from_the_class_list_can_no_longer_log_in(hub):
     assert "hub: bo left the class list and can no longer log in" in hub.log_text()
     class_list.write_text("\n".join(kept) + "\nbo\n")
     assert hub.login("bo"), "bo was put back on the class list"
+
+
+def test_the_instructor_leaving_the_class_list_still_logs_in_and_is_told_so(hub):
+    class_list = hub.folder / "class.txt"
+    before = class_list.read_text()
+    class_list.write_text(before + "instructor\n")
+    assert hub.login("instructor")  # the list is reread at each login
+    class_list.write_text(before)
+    assert hub.login("instructor"), "the hub's admin may log in whatever the class list says"
+    log = hub.log_text()
+    assert "hub: instructor left the class list and, as the hub's admin, may still log in" in log
+    assert "hub: instructor left the class list and can no longer log in" not in log

@@ -12,6 +12,7 @@ setting fails here rather than in a class.
 import copy
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -169,3 +170,11 @@ def test_the_systemd_unit_sets_only_the_hubs_own_settings_and_starts_its_config(
     )
     assert (REPO / "hub" / "jupyterhub_config.py").exists()
     assert {"Unit", "Service", "Install"} <= set(re.findall(r"^\[(\w+)\]", unit, re.MULTILINE))
+    # docs/hub.md's steps 3 and 4: the state folder outside the clone, the class list in it,
+    # and the exchange that the walk-through and grading use
+    settings = dict(line.split("=", 2)[1:] for line in unit.splitlines()
+                    if line.startswith("Environment="))  # fmt: skip
+    state = Path(settings["HUB_STATE"])
+    assert not state.is_relative_to(root), "the state folder, with the passwords, in the clone"
+    assert Path(settings["HUB_CLASS_LIST"]) == state / "class.txt"
+    assert settings["HUB_EXCHANGE"] == "/srv/nbgrader/exchange"

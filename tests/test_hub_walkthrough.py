@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.report.json_report import read_json
 from tests.test_readme import copy_of_the_lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,6 +127,30 @@ def submit(run: "Class", name: str) -> None:
     assert '"success": false' not in submitted.text, submitted.text
 
 
+def fetch_feedback(run: "Class", name: str) -> None:
+    """The submission's Fetch Feedback button: a page per notebook arrives in the student's lab,
+    under the assignment's feedback/<time of the submission>/, with their score in
+    results.json, and nobody else's."""
+    user, course = run.users[name], {"course_id": COURSE_ID}
+    form = course | {"assignment_id": ASSIGNMENT}
+    fetched = user.in_lab("POST", "/assignments/fetch_feedback", data=form)
+    assert fetched.status_code == 200, fetched.text
+    listed = user.in_lab("GET", "/assignments", params=course).json()["value"]
+    (submitted,) = [a for a in listed if a["status"] == "submitted"]
+    (submission,) = submitted["submissions"]
+    assert submission["has_local_feedback"], submission  # the list offers "view feedback"
+    folder = f"{ASSIGNMENT}/feedback/{submission['timestamp']}"
+    pages = names_in(user.lab_api("GET", f"/contents/{folder}"))
+    assert pages == {Path(nb).stem + ".html" for nb in run.notebooks()}, pages
+    (graded,) = [r for r in read_json(run.course / "results.json") if r.id == name]
+    page = user.lab_api("GET", f"/contents/{folder}/from_scratch.html", params={"format": "text"})
+    text = page.json()["content"]
+    assert f"Feedback for {name}: " in text, text[:300]
+    assert f"Total: {graded.score:g}/{graded.max_score:g} points" in text, text[:600]
+    others = {student for student in run.students if student != name}
+    assert not [other for other in others if f"Feedback for {other}" in text]
+
+
 # A browser step of the walk-through: the pattern its text must match, and what the test does.
 ACTIONS = [
     (r"log in at http://127\.0\.0\.1:8000/hub/login with their password from \S+", log_in),
@@ -133,6 +158,7 @@ ACTIONS = [
     (r"File > New > Terminal", open_terminal),
     (r"writes every exercise, and saves each notebook", write_every_exercise),
     (rf"Nbgrader > Assignment List: Submit {ASSIGNMENT}", submit),
+    (r"Nbgrader > Assignment List: Fetch Feedback", fetch_feedback),
 ]
 
 
@@ -202,14 +228,14 @@ class Class:
         settings = make_hub_settings(command)
         self.students = read_class_list(self.course / settings.pop("HUB_CLASS_LIST"))
         settings["HUB_EXCHANGE"] = settings["HUB_EXCHANGE"].replace(EXCHANGE, str(self.exchange))
-        settings |= {"HUB_HOMES": str(self.homes), "HUB_USER_PREFIX": self.prefix}
+        settings |= {"HUB_HOMES": str(self.homes), "HUB_USER_PREFIX": self.prefix,
+                     "HUB_COURSE": str(self.course)}  # fmt: skip
         if os.geteuid() == 0:
             from tests.test_hub import lent_python
 
             settings["HUB_PYTHON"] = lent_python(self.homes)
-        folder = self.course.parent / "hub"
-        folder.mkdir()
-        self.hub = running.Hub(folder, self.students, **settings)
+        # the state folder where `make hub` keeps it, hub/state in the course folder
+        self.hub = running.Hub(self.course / "hub", self.students, **settings)
         self.hub.start()
 
     def stop(self) -> list[str]:
@@ -223,6 +249,7 @@ class Class:
             ]
         shutil.rmtree(self.homes, ignore_errors=True)
         shutil.rmtree(self.exchange.parent, ignore_errors=True)
+        shutil.rmtree(self.course.parent, ignore_errors=True)
         return left
 
 
@@ -264,7 +291,9 @@ def run_in_terminal(run: Class, name: str, command: str, shows: list[str]) -> No
 def test_the_class_in_ten_minutes_runs_as_written(tmp_path):
     if why := running.missing():
         pytest.skip(why)
-    course = copy_of_the_lab(tmp_path / "lab").resolve()
+    # the clone in a folder every account may enter, so that only the walk-through closes it
+    course = copy_of_the_lab(running.temporary_homes() / "lab").resolve()
+    course.chmod(0o755)
     exchange = running.temporary_homes() / "exchange"  # a folder every account may reach
     run = Class(course, exchange, running.temporary_homes(), f"t{secrets.token_hex(2)}-")
     try:
@@ -281,6 +310,55 @@ def test_the_class_in_ten_minutes_runs_as_written(tmp_path):
         assert run.hub and set(run.users) == set(run.students) == {"alice", "bob"}
         submitted = {p.parent.parent.name for p in course.glob(f"submitted/*/{ASSIGNMENT}/*")}
         assert submitted == {"alice", "bob"}
+        for name, other in (("alice", "bob"), ("bob", "alice")):
+            nothing_of_the_instructors_is_open_to(run, name, other)
     finally:
         left = run.stop()
     assert not left, f"the students' accounts {left} are still there"
+
+
+# ---- what a student's Terminal cannot reach ----------------------------------------------
+
+
+def instructors_things(run: Class, other: str) -> dict[str, str]:
+    """What one student tries on the instructor's files, from their Terminal: a shell command
+    for each, which succeeds where the try does."""
+    course, hub = run.course, run.hub
+    assert hub is not None
+    theirs = course / "submitted" / other / ASSIGNMENT / "from_scratch.ipynb"
+    private = Path("grader", "exercises", "allreduce", "private", "hidden.py")
+    reads = {
+        "the checkout's solutions": REPO / "solutions" / ASSIGNMENT / "from_scratch.ipynb",
+        "the course's solutions": course / "solutions" / ASSIGNMENT / "from_scratch.ipynb",
+        "the checkout's hidden checks": REPO / private,
+        "the course's hidden checks": course / private,
+        "another student's submission": theirs,
+        "the grades": course / "results.json",
+        "the gradebook": course / "gradebook.db",
+        "the first passwords": hub.state / "passwords.csv",
+        "the seed": course / "seed.txt",
+    }
+    for what, path in reads.items():
+        assert path.is_file(), f"{what}: {path} is not there to try"
+    return {what: f"cat {shlex.quote(str(path))}" for what, path in reads.items()} | {
+        "a new file in submitted/": f"touch {shlex.quote(str(course / 'submitted' / 'x'))}",
+        "renaming another's notebook": (
+            f"mv {shlex.quote(str(theirs))} {shlex.quote(str(theirs.with_name('gone.ipynb')))}"
+        ),
+        "listing the state folder": f"ls {shlex.quote(str(hub.state))}",
+    }
+
+
+def nothing_of_the_instructors_is_open_to(run: Class, name: str, other: str) -> None:
+    """Every try from `name`'s Terminal fails, while reading their own notebook works."""
+    tries = instructors_things(run, other) | {
+        "their own notebook": f"cat {ASSIGNMENT}/from_scratch.ipynb"
+    }
+    script = (
+        't() { if eval "$2" >/dev/null 2>&1; then echo "OPEN: $1"; else echo "closed: $1"; fi; }'
+    )
+    script += "".join(f"; t {shlex.quote(what)} {shlex.quote(cmd)}" for what, cmd in tries.items())
+    shown, _ = run.users[name].terminal(script)
+    outcome = {what: state for state, what in re.findall(r"^(OPEN|closed): (.+?)\s*$", shown, re.M)}
+    expected = {what: "closed" for what in tries} | {"their own notebook": "OPEN"}
+    assert outcome == expected, f"{name}'s Terminal showed:\n{shown}"
