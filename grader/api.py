@@ -94,6 +94,7 @@ from grader.base.fixtures import (
     state,
     which_replica,
 )
+from grader.base.forward_pass import LAYER_KINDS, recorded_forward
 from grader.base.outcomes import (
     Crash,
     Fail,
@@ -156,6 +157,9 @@ __all__ = [
     "expect_equal",
     "expect_kept_dtype",
     "short",
+    # what a network computes, from a forward pass
+    "LAYER_KINDS",
+    "recorded_forward",
     # messages in the reader's language (labtext)
     "_",
     "N_",

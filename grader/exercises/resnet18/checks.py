@@ -1,21 +1,39 @@
 """Public checks of `resnet18(num_classes, in_channels=1)`: the book's ResNet-18 for 28x28.
 
-The stem has a check of its own, and every other check leaves it aside, so that the
-ImageNet stem (7x7 convolution and max-pooling, from the book's ResNet chapter) costs only
-that check. Either edition's `d2l.Residual` works; d2l 1.0's learns its input channels at
-the first forward pass, so each case runs the network once before looking at its layers.
+The checks judge what the network computes, read from a forward pass (`recorded_forward`),
+never from its modules: the calls that ran, in order, with the parameters each used. The
+stem is what runs before the first residual block (the block whose addition takes back its
+input), so a ReLU called as `F.relu` in `forward`, a stem nested in an `nn.Sequential`, the
+book's `d2l.Residual` (either edition's; d2l 1.0's learns its input channels at the first
+pass, so each case runs the network once before recording), a block written with the
+functional API and torchvision's `BasicBlock` are judged alike. Only
+`names_its_stages_like_the_book` reads names.
 
-The checks look at what the network is, not at how it is spelt: the layers are found by
-their kind and shape, wherever they sit and whatever they are called, so torchvision's
-`resnet18` with a 3x3 stem and `maxpool = nn.Identity()` is judged as the book's is. Only
-`names_its_stages_like_the_book` reads names. A convolution's bias before batch norm, and
-batch norm after a 1x1 shortcut (torchvision's way), change nothing the exercise asks for.
+Each property has one check. The stem has its own, and every other check leaves it aside,
+so that the ImageNet stem (7x7 convolution and max-pooling, from the book's ResNet chapter)
+costs only that check. The public checks compare with the book's numbers (sizes, counts);
+the hidden `same_layers_as_the_reference` compares the layers after the stem with the
+reference's, the only check charged for a wrong layer that no public check names (global
+max-pooling where the book averages). A convolution's bias before batch norm, and batch
+norm after a 1x1 shortcut (torchvision's way), change nothing the exercise asks for.
 """
 
 import torch
 from torch import nn
 
-from grader.api import Fail, _, attempt, case, check, error_hints, expect, returned, seeded
+from grader.api import (
+    LAYER_KINDS,
+    Fail,
+    _,
+    attempt,
+    case,
+    check,
+    error_hints,
+    expect,
+    recorded_forward,
+    returned,
+    seeded,
+)
 
 PARAMETERS = 11_175_818  # in all, for 10 classes
 STEM_PARAMETERS = 64 * 1 * 3 * 3 + 64 + 2 * 64  # the 3x3 convolution and its batch norm
@@ -24,95 +42,97 @@ CONV_BIASES = 2 * 2 * (64 + 128 + 256 + 512) + 128 + 256 + 512  # of the convolu
 SHORTCUT_NORMS = 2 * (128 + 256 + 512)  # batch norm after each 1x1 shortcut (torchvision's)
 SHORTCUTS = [(64, 128, 2), (128, 256, 2), (256, 512, 2)]  # (in, out, stride) of the 1x1 convs
 SHORTCUT_PARAMETERS = sum(i * o + o for i, o, _s in SHORTCUTS)  # with their biases
-# The counts after the stem of the book's network and of the same network with convolutions
-# without bias and/or batch norm on the shortcuts; and of their paths without the shortcuts.
-ACCEPTED = {AFTER_THE_STEM - b * CONV_BIASES + n * SHORTCUT_NORMS for b in (0, 1) for n in (0, 1)}
+SHORTCUT_BIASES = 128 + 256 + 512
+# The counts after the stem of the book's network and of the same network with the 3x3
+# and/or the 1x1 convolutions without bias (batch norm or the sum's makes it redundant)
+# and/or batch norm on the shortcuts; and of their paths without the shortcuts.
+ACCEPTED = {
+    AFTER_THE_STEM - b * (CONV_BIASES - SHORTCUT_BIASES) - s * SHORTCUT_BIASES + n * SHORTCUT_NORMS
+    for b in (0, 1)
+    for s in (0, 1)
+    for n in (0, 1)
+}
 MAIN_PATH = {
-    AFTER_THE_STEM - SHORTCUT_PARAMETERS - b * (CONV_BIASES - 128 - 256 - 512) for b in (0, 1)
+    AFTER_THE_STEM - SHORTCUT_PARAMETERS - b * (CONV_BIASES - SHORTCUT_BIASES) for b in (0, 1)
 }
 STAGES = ["resnet_block1", "resnet_block2", "resnet_block3", "resnet_block4"]
 NAMED = [*STAGES, "global_avg_pool", "fc"]
 
 
-def count(module: nn.Module) -> int | None:
-    """Return the number of parameters, or None while some are not yet made (lazy layers)."""
-    try:
-        return sum(p.numel() for p in module.parameters())
-    except ValueError:  # an uninitialized parameter of a lazy layer
-        return None
-
-
-def convolutions(net: nn.Module) -> list[dict]:
-    """Return every Conv2d after the stem, in order: kernel, stride, channels, parameters."""
-    found = []
-    for _name, top in list(net.named_children())[stem_length(net) :]:
-        for m in top.modules():
-            if isinstance(m, nn.Conv2d):
-                found.append(
-                    {
-                        "kernel": list(m.kernel_size),
-                        "stride": list(m.stride),
-                        "channels": [m.in_channels, m.out_channels],
-                        "parameters": count(m) or 0,
-                    }
-                )
+def ancestors(ops: list[dict], index: int) -> set[int]:
+    """Return the calls whose results went into call `index`, itself included."""
+    found, todo = set(), [index]
+    while todo:
+        i = todo.pop()
+        if i not in found:
+            found.add(i)
+            todo += ops[i]["sources"] if i >= 0 else []
     return found
 
 
-def shortcut_norms(net: nn.Module) -> int:
-    """Return the parameters of batch norms paired with a 1x1 convolution as a shortcut of
-    their own (torchvision's `downsample = Sequential(conv1x1, BatchNorm2d)`)."""
-    total = 0
-    for m in net.modules():
-        layers = list(m.children())
-        if (
-            isinstance(m, nn.Sequential)
-            and len(layers) == 2
-            and isinstance(layers[0], nn.Conv2d)
-            and layers[0].kernel_size == (1, 1)
-            and isinstance(layers[1], nn.BatchNorm2d)
-        ):
-            total += count(layers[1]) or 0
-    return total
+def block_input(ops: list[dict], skip: int, main: int) -> int | None:
+    """Return the call that made a residual block's input, found from its addition's two
+    operands: the first call on the skip operand's way back (through a 1x1 convolution and
+    its batch norm, or none) that the main path also came from; None where none is."""
+    came_from = ancestors(ops, main)
+    at = skip
+    while at not in came_from:
+        if at < 0 or not ops[at]["sources"]:
+            return None
+        at = ops[at]["sources"][0]
+    return at
 
 
-def stem_length(net: nn.Module) -> int:
-    """Return how many top-level modules make the stem: the single layers before the first
-    stage (a module made of others) or the first of the book's named parts."""
-    length = 0
-    for name, m in net.named_children():
-        if name in NAMED or next(m.children(), None) is not None:
-            break
-        length += 1
-    return length
+def stem_length(ops: list[dict]) -> int:
+    """Return how many calls make the stem: those before the first residual block, whose
+    input the block's addition takes back (directly or through a 1x1 convolution); without
+    any residual addition, those before the second convolution."""
+    for i, op in enumerate(ops):
+        if op["kind"] == "add" and len(op["sources"]) == 2:
+            a, b = op["sources"]
+            start = block_input(ops, a, b)
+            start = block_input(ops, b, a) if start is None else start
+            if start is not None and start < i:
+                return start + 1
+    convs = [i for i, op in enumerate(ops) if op["kind"] == "Conv2d"]
+    return convs[1] if len(convs) > 1 else len(ops)
 
 
-def describe(net: nn.Module) -> dict:
-    """Note the network's size, top-level names, stem and residual shortcuts."""
-    children = list(net.named_children())
-    stem = []
-    for _name, m in children[: stem_length(net)]:
-        if isinstance(m, nn.Identity):  # torchvision's way to take a layer out
-            continue
-        entry = {"type": type(m).__name__}
-        if isinstance(m, nn.Conv2d):
-            entry.update(
-                kernel=list(m.kernel_size),
-                stride=list(m.stride),
-                padding=list(m.padding),
-                channels=[m.in_channels, m.out_channels],
-            )
-        stem.append(entry)
-    convs = convolutions(net)
-    ones = [c for c in convs if c["kernel"] == [1, 1]]
+def parameters_of(ops: list[dict], sizes: list[int]) -> int:
+    """Return the number of values of the parameters the calls used, each counted once."""
+    return sum(sizes[p] for p in {p for op in ops for p in op["params"]})
+
+
+def layer_entry(op: dict) -> dict:
+    """Return a layer of the stem as a check reads it: its kind, and a convolution's sizes."""
+    entry = {"type": op["kind"]}
+    if op["kind"] == "Conv2d":
+        entry.update({k: op[k] for k in ("kernel", "stride", "padding", "channels")})
+    return entry
+
+
+def describe(run: dict) -> dict:
+    """Note what the network computed, from its recorded forward pass: its stem, the
+    parameters after it and on its 1x1 shortcuts, its max-poolings and shortcuts."""
+    ops, sizes = run["ops"], run["sizes"]
+    length = stem_length(ops)
+    stem_params = {p for op in ops[:length] for p in op["params"]}
+    after = [{**op, "params": [p for p in op["params"] if p not in stem_params]} for op in ops]
+    ones = [
+        i
+        for i, op in enumerate(ops[length:], start=length)
+        if op["kind"] == "Conv2d" and op["kernel"] == [1, 1]
+    ]
+    shortcut_ops = [after[i] for i in ones] + [
+        op for op in after if op["kind"] == "BatchNorm2d" and op["sources"][0] in ones
+    ]
     return {
-        "parameters": count(net),
-        "after_the_stem": sum(count(m) or 0 for _name, m in children[stem_length(net) :]),
-        "shortcut_parameters": sum(c["parameters"] for c in ones) + shortcut_norms(net),
-        "names": [name for name, _ in children],
-        "stem": stem,
-        "max_pools": sum(isinstance(m, nn.MaxPool2d) for m in net.modules()),
-        "shortcuts": [c["channels"] + c["stride"][:1] for c in ones],
+        "parameters": parameters_of(ops, sizes),
+        "after_the_stem": parameters_of(after[length:], sizes),
+        "shortcut_parameters": parameters_of(shortcut_ops, sizes),
+        "stem": [layer_entry(op) for op in ops[:length] if op["kind"] in LAYER_KINDS],
+        "max_pools": sum(op["kind"] == "MaxPool2d" for op in ops),
+        "shortcuts": [ops[i]["channels"] + ops[i]["stride"][:1] for i in ones],
     }
 
 
@@ -123,12 +143,21 @@ def output_shape(net: nn.Module, shape: tuple[int, ...], gen: torch.Generator) -
         return list(net(torch.randn(shape, generator=gen)).shape)
 
 
+def recorded(net: nn.Module, gen: torch.Generator) -> dict:
+    """Run the network (which has run once, so that lazy layers are made) on two 28x28
+    images, and return what it computed (`recorded_forward`)."""
+    return recorded_forward(net, torch.randn((2, 1, 28, 28), generator=gen))
+
+
 @case
 def ten_classes_one_channel(student, ctx):
-    """resnet18(10): its output for two 28x28 images, then its layout."""
+    """resnet18(10): its output for two 28x28 images, then what it computes, as its forward
+    pass shows it, and its top-level names."""
     net = student.fn(10)
-    out = attempt(output_shape, net, (2, 1, 28, 28), seeded(ctx.seed))
-    return {**out, "layout": describe(net)}
+    gen = seeded(ctx.seed)
+    out = attempt(output_shape, net, (2, 1, 28, 28), gen)
+    layout = describe(recorded(net, gen))
+    return {**out, "layout": {**layout, "names": [name for name, _ in net.named_children()]}}
 
 
 @case
@@ -138,25 +167,27 @@ def seven_classes_three_channels(student, ctx):
     return output_shape(net, (2, 3, 96, 96), seeded(ctx.seed))
 
 
-def layers(net: nn.Module) -> list[list]:
-    """Return [kind, weight shape] of every convolution and linear layer after the stem, in
-    the order they were registered (what they compute with, whatever holds them)."""
+def layers(run: dict) -> list[list]:
+    """Return [kind, sizes] of every convolution, pooling and linear layer after the stem, in
+    the order they ran: a convolution's and a linear layer's weight shape, a pooling's
+    kernel or output size. Global pooling is named by what it computes (the mean or the
+    maximum), whatever function did it."""
+    ops = run["ops"]
     return [
-        [kind, list(m.weight.shape)]
-        for _name, top in list(net.named_children())[stem_length(net) :]
-        for m in top.modules()
-        for kind in [{nn.Conv2d: "Conv2d", nn.Linear: "Linear"}.get(type(m))]
-        if kind is not None
+        [op["kind"], op.get("weight") or op.get("size") or op.get("kernel")]
+        for op in ops[stem_length(ops) :]
+        if op["kind"] in LAYER_KINDS - {"BatchNorm2d", "ReLU"} or op["kind"] == "GlobalPool"
     ]
 
 
 @case
 def layer_tree(student, ctx):
-    """Every convolution and linear layer of resnet18(10) after the stem, with its weight's
-    shape, once the network has run on two 28x28 images."""
+    """Every convolution, pooling and linear layer that resnet18(10) runs after the stem, with
+    its sizes, in a forward pass on two 28x28 images after a first one."""
     net = student.fn(10)
-    output_shape(net, (2, 1, 28, 28), seeded(ctx.seed))
-    return layers(net)
+    gen = seeded(ctx.seed)
+    output_shape(net, (2, 1, 28, 28), gen)
+    return layers(recorded(net, gen))
 
 
 @check(
@@ -166,11 +197,13 @@ def layer_tree(student, ctx):
     "channels, then a 512-to-num_classes linear layer.",
 )
 def stages_and_classifier_have_the_books_parameter_count(seen, ctx):
-    """After the stem (which has its own check), resnet18(10) has the book's 11,175,050
-    parameters (11,175,818 with its 3x3 stem), or as many as the same network has without
-    the convolutions' biases or with batch norm after its 1x1 shortcuts, as torchvision's."""
-    # 11,170,314, 11,176,842 or 11,172,106 (torchvision's). A count that is right but for the
-    # shortcuts is shortcuts_only_where_the_shape_changes's cause.
+    """Property: the stages, pooling and classifier are the book's size. After the stem
+    (which has its own check), the parameters the forward pass uses number the book's
+    11,175,050 (11,175,818 with its 3x3 stem), or as many as the same network has without
+    the biases of its 3x3 or of its 1x1 convolutions, or with batch norm after its 1x1
+    shortcuts, as torchvision's. Compares with the book's count (a constant)."""
+    # 11,170,314, 11,176,842 or 11,172,106 (torchvision's), and their mixtures. A count that
+    # is right but for the shortcuts is shortcuts_only_where_the_shape_changes's cause.
     layout = seen["layout"]
     got = layout["after_the_stem"]
     expect(
@@ -192,7 +225,9 @@ def stages_and_classifier_have_the_books_parameter_count(seen, ctx):
     "'global_avg_pool' and 'fc'.",
 )
 def names_its_stages_like_the_book(seen, ctx):
-    """After the stem come resnet_block1..4, global_avg_pool and fc, in that order."""
+    """Property: the book's names, which the notebook's later cells use. After the stem come
+    resnet_block1..4, global_avg_pool and fc, in that order, among the top-level modules.
+    Compares with the book's names; the one check that reads the module tree."""
     names = seen["layout"]["names"]
     expect(
         [n for n in names if n in NAMED] == NAMED,
@@ -209,8 +244,11 @@ def names_its_stages_like_the_book(seen, ctx):
     "padding=1), BatchNorm2d(64) and ReLU, and no max-pooling.",
 )
 def stem_is_3x3_stride_1_without_max_pooling(seen, ctx):
-    """The stem is a 3x3 stride-1 convolution to 64 channels, batch norm and ReLU; no max-pool."""
-    # An nn.Identity in the stem (torchvision's way to drop its max-pool) is no layer.
+    """Property: the stem for 28x28 images. What runs before the first residual block is a
+    3x3 stride-1 convolution to 64 channels, batch norm and ReLU, and no max-pooling runs
+    anywhere (global max-pooling is the reference check's). Compares with the book's stem
+    (constants)."""
+    # An nn.Identity in the stem (torchvision's way to drop its max-pool) computes nothing.
     stem = seen["layout"]["stem"]
     types = [s["type"] for s in stem]
     if stem and stem[0].get("kernel") == [7, 7] and "MaxPool2d" in types:
@@ -259,9 +297,10 @@ def stem_is_3x3_stride_1_without_max_pooling(seen, ctx):
     "strides=2; every other block keeps the identity shortcut.",
 )
 def shortcuts_only_where_the_shape_changes(seen, ctx):
-    """Stages 2-4 open with a strided block with a 1x1 shortcut; no other block has one: its
-    1x1 convolutions, wherever they sit, are three of stride 2, from 64 to 128, 128 to 256
-    and 256 to 512 channels."""
+    """Property: the shortcuts. Stages 2-4 open with a strided block with a 1x1 shortcut; no
+    other block has one: the 1x1 convolutions that run after the stem are three of stride
+    2, from 64 to 128, 128 to 256 and 256 to 512 channels. Compares with the book's
+    shortcuts (constants)."""
     found = seen["layout"]["shortcuts"]
     for c_in, c_out, _stride in found:
         if c_in == c_out:
@@ -299,7 +338,8 @@ def shortcuts_only_where_the_shape_changes(seen, ctx):
     "nn.Linear(512, num_classes)).",
 )
 def classifies_28x28_images(seen, ctx):
-    """Two 28x28 grey images give a 2x10 output."""
+    """Property: the output for the book's images. Two 28x28 grey images give a 2x10 output.
+    Compares with the shape the exercise states."""
     out = returned(seen)
     expect(
         out == [2, 10],
@@ -313,7 +353,8 @@ def classifies_28x28_images(seen, ctx):
     hint="Use in_channels for the first convolution and num_classes for the last layer.",
 )
 def takes_96x96_colour_images_and_any_class_count(seen, ctx):
-    """resnet18(7, in_channels=3) maps two 3x96x96 images to a 2x7 output."""
+    """Property: in_channels and num_classes are used. resnet18(7, in_channels=3) maps two
+    3x96x96 images to a 2x7 output. Compares with the shape the exercise states."""
     expect(
         seen == [2, 7],
         _("the output has shape {got}, expected {wanted}").format(got=seen, wanted=[2, 7]),

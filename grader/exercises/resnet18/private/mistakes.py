@@ -18,12 +18,13 @@ def resnet18(num_classes, in_channels=1):
     net.add_module("resnet_block2", resnet_block(64, 128, 2))
     net.add_module("resnet_block3", resnet_block(128, 256, 2))
     net.add_module("resnet_block4", resnet_block(256, 512, <<LAST_BLOCKS>>))
-    net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
+    net.add_module("global_avg_pool", <<POOL>>)
     net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
     return net
 """
 RIGHT = {
     "LAST_BLOCKS": "2",
+    "POOL": "nn.AdaptiveAvgPool2d((1, 1))",
     "SHORTCUT_WHEN": "i == 0 and not first_block",
     "STEM": "nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),\n"
     "                        nn.BatchNorm2d(64), nn.ReLU()",
@@ -69,4 +70,12 @@ three_blocks_in_the_last_stage = Mistake(
     hint_mentions="four stages of two residual blocks",
     seen_in="a stage given one residual block more, as ResNet-34's stages have: it still "
     "classifies, with 4.7 million parameters too many",
+)
+
+global_max_pooling = Mistake(
+    source=variant(BOOK, RIGHT, POOL="nn.AdaptiveMaxPool2d((1, 1))"),
+    fails="same_layers_as_the_reference",
+    hint_mentions="AdaptiveAvgPool2d",
+    seen_in="issue 56: a ResNet pooled by its maximum kept full marks; the output has the "
+    "right shape and the parameters the right count, so only the layers' kinds show it",
 )
