@@ -32,6 +32,10 @@ TABLE_HINT = N_(
     "K ceil(P / N) of state, stage 2 also ceil(P / N) gradients, stage 3 also ceil(P / N) "
     "parameters. Multiply the values by the bytes of one (element_size())."
 )
+K_HINT = N_(
+    "K is the optimizer's own: count the state tensors shaped like their parameter, so K is 2 "
+    "for Adam, 1 for SGD with momentum (its buffer) and 0 for plain SGD (none)."
+)
 STEP_HINT = N_(
     "Count only the state tensors shaped like their parameter: Adam's scalar `step` counter is "
     "left out, so K is 2 for Adam, 1 for SGD with momentum and 0 for plain SGD."
@@ -224,15 +228,29 @@ def expect_stage(
             )
 
 
+# The optimizers of the case that keep a scalar `step` counter per parameter tensor.
+STEP_COUNTERS = ("Adam",)
+
+
 def ddp_hint(seen, ctx) -> str:
-    """Name the state where a DDP figure holds the parameters and gradients but is wrong."""
+    """Name the cause that a wrong DDP figure on one rank shows: Adam's step counters where
+    Adam's is the table's plus one value per parameter tensor (a scalar counter each, in the
+    parameters' bytes or in those of the float32 counter); another optimizer's K where a
+    figure is the table's with another K; else the table."""
+    counters = len([p for p in network("even", 0).parameters() if p.requires_grad])
+    other_k = False
     for entry in seen:
         t = table("even", entry["optimizer"])
         got = answer_of(entry["answers"][key(0, 1)])
-        weights_and_grads = 2 * t.total * t.size
-        if got is not None and got != expected_bytes(t, 0, 1) and got >= weights_and_grads:
+        if got is None or got == expected_bytes(t, 0, 1):
+            continue
+        if entry["optimizer"] in STEP_COUNTERS and got - expected_bytes(t, 0, 1) in {
+            counters * t.size,
+            counters * 4,
+        }:
             return STEP_HINT
-    return TABLE_HINT
+        other_k |= any(got == expected_bytes(t._replace(per_value=k), 0, 1) for k in range(4))
+    return K_HINT if other_k else TABLE_HINT
 
 
 @check(every_stage, points=2, hint=TABLE_HINT)

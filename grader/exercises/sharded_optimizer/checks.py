@@ -209,6 +209,19 @@ def only_own_chunk_changed(weights: list, start: list, rank: int, n: int) -> boo
     return others and not torch.equal(*chunks[rank])
 
 
+def weights_tolerance(optimizer: str) -> float:
+    """How far a right rank's weight may lie from one process's after the steps. The ranks
+    average gradients that float rounding makes differ from the whole batch's in their last
+    bits. SGD moves a weight by its gradient, so that stays a rounding error (1e-5). Adam
+    divides by the root of its second moment, so a gradient that rounding moves near zero
+    (near its eps) changes the step by a share of the learning rate: over 300 seeds, with 2 to 4
+    ranks, the reference lay up to 3.6e-5 from one process (lr 0.01), past 1e-5 + 1e-4 |w| for
+    one seed in 150. Adam is compared within 5% of lr a step; SGD's tight comparison still
+    catches every mistake of scale or order."""
+    _cls, settings, _k = OPTIMIZERS[optimizer]
+    return 0.05 * settings["lr"] * STEPS if optimizer == "Adam" else 1e-5
+
+
 def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
     """Fail unless every rank's weights equal one process's after the same steps."""
     start = [p.detach() for p in grad_model(ctx.seed, frozen).parameters()]
@@ -223,7 +236,7 @@ def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
                         "{optimizer}, with {n} processes: rank {rank}'s parameter {i} after "
                         "{steps} steps"
                     ).format(optimizer=_(name), n=n, rank=rank, i=i, steps=STEPS)
-                    expect_close(w, e, label, hint, rtol=1e-4, atol=1e-5)
+                    expect_close(w, e, label, hint, rtol=1e-4, atol=weights_tolerance(name))
 
 
 @check(training_steps, points=5, hint=STEP_HINT)
@@ -240,22 +253,44 @@ def weights_match_one_process(seen, ctx):
     "the values), not over every parameter: the state of each value must live on one rank.",
 )
 def each_value_has_its_state_on_one_rank(seen, ctx):
-    """The ranks' optimizers keep K P values of state between them (K = 1 for momentum, 2 for
-    Adam), and none keeps all of it. Chunks padded to align them, as DeepSpeed pads its flat
-    groups to a multiple of 2 N values, may keep state for the padding too."""
-    total = sum(p.numel() for p in grad_model(ctx.seed).parameters())
+    """Property: the state is sharded. The ranks' optimizers keep K P values of state between
+    them (K = 1 for momentum, 2 for Adam), and none keeps all of it. Padding may keep state
+    too: each parameter padded to a multiple of N values (as ColossalAI pads), or the flat
+    vector to a multiple of 2 N (as DeepSpeed pads its flat groups); state kept twice is more
+    than either allows. Compares with the count the exercise states (K P)."""
+    sizes = [p.numel() for p in grad_model(ctx.seed).parameters()]
+    total = sum(sizes)
     for name, groups in seen.items():
         per_value = OPTIMIZERS[name][2]
         for n, ranks in groups_finished(groups):
             held, want = [result["state"] for result in ranks], per_value * total
-            padding = per_value * 2 * n  # at most this much state for alignment
+            most = per_value * most_padded(sizes, n)
             expect(
-                want <= sum(held) < want + padding and max(held) < want,
+                want <= sum(held) <= most and max(held) < want,
                 _(
                     "{optimizer}, with {n} processes: the ranks keep {held} values of state; "
-                    "{want} in all ({k} per parameter value), shared between them, was expected"
-                ).format(optimizer=_(name), n=n, held=held, want=want, k=per_value),
+                    "{want} in all ({k} per parameter value), shared between them, was "
+                    "expected, or up to {most} with padding: each parameter padded to a "
+                    "multiple of {n} values, or the flat vector to a multiple of {twice}"
+                ).format(
+                    optimizer=_(name),
+                    n=n,
+                    held=held,
+                    want=want,
+                    k=per_value,
+                    most=most,
+                    twice=2 * n,
+                ),
             )
+
+
+def most_padded(sizes: list[int], n: int) -> int:
+    """Return the most values a sharding of parameters of `sizes` over `n` ranks may hold
+    with its padding: each parameter rounded up to a multiple of n, or their flat vector to a
+    multiple of 2 n, whichever is more."""
+    each = sum(-(-size // n) * n for size in sizes)
+    flat = -(-sum(sizes) // (2 * n)) * 2 * n
+    return max(each, flat)
 
 
 @check(

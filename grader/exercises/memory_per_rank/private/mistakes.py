@@ -97,6 +97,7 @@ adam_state_assumed = Mistake(
     fails="ddp_holds_everything_on_every_rank",
     hint_mentions="K is 2 for Adam",
     seen_in="the ZeRO paper's K fixed for Adam, whatever the optimizer",
+    hints_never=("`step` counter",),
 )
 
 shards_the_gradients_in_stage_1 = Mistake(

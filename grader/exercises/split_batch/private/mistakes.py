@@ -15,16 +15,18 @@ def split_batch(X, y, devices):
     seen_in="seed notes: nn.parallel.scatter(y. devices)",
 )
 
-tensor_split_sizes = Mistake(
+drops_the_remainder = Mistake(
     source="""
 def split_batch(X, y, devices):
     assert len(X) == len(y), 'X and y differ in length'
-    xs = [t.to(d) for t, d in zip(torch.tensor_split(X, len(devices)), devices)]
-    ys = [t.to(d) for t, d in zip(torch.tensor_split(y, len(devices)), devices)]
+    size = X.shape[0] // len(devices)
+    xs = [X[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)]
+    ys = [y[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)]
     return xs, ys
 """,
     fails="shard_sizes_follow_torch_chunk",
-    hint_mentions="torch.chunk",
+    hint_mentions="Give every row to one shard",
+    seen_in="shards of X.shape[0] // len(devices) rows: the rows left over are never trained on",
 )
 
 assert_without_message = Mistake(

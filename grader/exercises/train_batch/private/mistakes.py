@@ -45,12 +45,24 @@ divides_by_the_shard_size = Mistake(
     ),
     fails="every_replica_matches_one_sgd_step",
     hint_mentions="divide by the whole batch size",
+    hints_never=("not just two",),
 )
 
 averages_the_loss = Mistake(
     source=variant(BOOK, RIGHT, REDUCTION="mean"),
     fails="every_replica_matches_one_sgd_step",
     hint_mentions="sum the per-example losses",
+)
+
+updates_only_two_replicas = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        UPDATE="    for param in device_params[:2]:\n        d2l.sgd(param, lr, X.shape[0])",
+    ),
+    fails="matches_the_reference_on_four_devices",
+    hint_mentions="Loop over all devices, not just two",
+    seen_in="a loop written for the book's two GPUs",
 )
 
 never_zeroes_the_gradients = Mistake(
