@@ -50,6 +50,8 @@ SLIPS = {
         "get_params": {"copies_are_independent_of_the_originals": "same memory"},
     },
     "pytorch_dp_tutorial": {},
+    # torch.cuda.comm and nn.parallel's functional API, which the stand-ins run as GPUs do.
+    "pytorch_functional": {},
     "torchvision_resnet": {
         "resnet18": {"names_its_stages_like_the_book": "'layer1'"},
     },

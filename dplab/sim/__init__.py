@@ -17,7 +17,10 @@ How it plugs into PyTorch:
   the Python `device` property reports the real stand-in, and `Tensor.to` between two
   stand-ins is caught in `__torch_function__` and made a real, differentiable copy;
 - `nn.parallel.scatter` and `nn.DataParallel` use CUDA-only collectives, so for stand-ins
-  they get plain Python equivalents (split and copy, replicate, apply in turn, gather).
+  they get plain Python equivalents (split and copy, replicate, apply in turn, gather);
+  so do `torch.cuda.comm`'s broadcast, scatter and gather and `nn.parallel`'s
+  parallel_apply and data_parallel (dplab.sim.comm), through which `nn.parallel.replicate`
+  and `nn.parallel.gather` run unchanged.
 
 What it cannot do: to PyTorch's C++ core a stand-in tensor is a CPU tensor, so the few
 composite operations that build tensors from `self.options()` before any Python code runs

@@ -3,10 +3,12 @@
 import torch
 from torch import nn
 
+from dplab.sim.comm import patch_comm, unpatch_comm
 from dplab.sim.device import _lock, _state, _to, register
 from dplab.sim.parallel import _patch_parallel, as_tensor, asarray, tensor
 
 _ORIGINALS: dict[str, object] = {}  # what `enable` replaces, to put back on `disable`
+_COMM: list = []  # what dplab.sim.comm replaced
 
 
 def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
@@ -32,6 +34,7 @@ def enable(count: int = 2, backing_device: torch.device | None = None) -> None:
         torch.tensor, torch.as_tensor, torch.asarray = tensor, as_tensor, asarray
         torch.Tensor.to = _to
         _patch_parallel()
+        _COMM[:] = patch_comm()
         _state["enabled"] = True
 
 
@@ -47,4 +50,6 @@ def disable() -> None:
         nn.parallel.scatter = _ORIGINALS["parallel_scatter"]
         nn.DataParallel.__init__ = _ORIGINALS["dp_init"]
         nn.DataParallel.forward = _ORIGINALS["dp_forward"]
+        unpatch_comm(_COMM)
+        _COMM.clear()
         _state["enabled"] = False

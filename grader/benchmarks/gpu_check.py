@@ -6,7 +6,8 @@ Each step runs in a Python of its own, with a time limit, and its result goes in
 file the moment it is in, so a step that fails or runs out of time loses nothing else:
 
 - env: the GPU, its driver, CUDA, PyTorch and NCCL, as they are;
-- tests: the tests marked gpu or multigpu (tests/test_gpus.py, tests/test_outside_code.py);
+- tests: the tests marked gpu or multigpu (tests/test_gpus.py, tests/test_outside_code.py,
+  tests/test_device_corpus.py);
 - class: `make bench-grade`'s class of 20 (reference solutions, untouched stubs, catalogued
   mistakes), graded by `python -m grader grade` with the GPU visible (children started
   afresh) and again with CUDA_VISIBLE_DEVICES empty; every check's verdict must agree, the
@@ -117,7 +118,8 @@ def step_tests(out: Path) -> dict:
     xml = out.with_suffix(".junit.xml")
     code, log, seconds = run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu or multigpu"]
-        + ["-rA", "-q", f"--junitxml={xml}", "tests/test_gpus.py", "tests/test_outside_code.py"],
+        + ["-rA", "-q", f"--junitxml={xml}", "tests/test_gpus.py", "tests/test_outside_code.py"]
+        + ["tests/test_device_corpus.py"],
         LIMITS["tests"] - 10,
         {"MPLBACKEND": "Agg", "DPLAB_OFFLINE": "1"},
     )
