@@ -342,6 +342,17 @@ def everything_in(folder: Path) -> list[Path]:
     return [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]
 
 
+def honest_submissions(accounts) -> tuple:
+    """An exchange with the assignment released and carol's and dan's own submissions in it:
+    (the accounts' prefix, their homes, the students' Python, the exchange)."""
+    prefix, homes = accounts
+    python = students_python(homes)
+    exchange = released_exchange(homes / "exchange")
+    submit(python, exchange, homes / f"{prefix}carol", "carol", "carol's own")
+    submit(python, exchange, homes / f"{prefix}dan", "dan", "dan's own")
+    return prefix, homes, python, exchange
+
+
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_collect_refuses_what_is_not_the_makers_own_and_says_why(accounts, tmp_path, attack):
     """dan puts in the exchange, as the newest submission of a name, what only a link, or a
@@ -349,12 +360,8 @@ def test_collect_refuses_what_is_not_the_makers_own_and_says_why(accounts, tmp_p
     without following a link, says in one line who made it, as whom and why, and takes each
     student's own newest honest submission."""
     make, claims = ATTACKS[attack]
-    prefix, homes = accounts
+    prefix, homes, python, exchange = honest_submissions(accounts)
     carol, dan = f"{prefix}carol", f"{prefix}dan"
-    python = students_python(homes)
-    exchange = released_exchange(homes / "exchange")
-    submit(python, exchange, homes / carol, "carol", "carol's own")
-    submit(python, exchange, homes / dan, "dan", "dan's own")
     draft = draft_of(homes / carol)
     timestamp = nbgrader_time()
     name = f"{claims}+{ASSIGNMENT}+{timestamp}+{secrets.token_hex(16)}"
@@ -384,12 +391,8 @@ def test_collected_work_is_the_instructors_and_closed_to_other_accounts(accounts
     """nbgrader's submit leaves a submission's folder in the exchange open to every account
     (mode 777); what collect makes of it, collected or set aside, is the collecting account's
     and closed to every other, and so again after a collect that finds it there already."""
-    prefix, homes = accounts
+    prefix, homes, python, exchange = honest_submissions(accounts)
     carol, dan = f"{prefix}carol", f"{prefix}dan"
-    python = students_python(homes)
-    exchange = released_exchange(homes / "exchange")
-    submit(python, exchange, homes / carol, "carol", "carol's own")
-    submit(python, exchange, homes / dan, "dan", "dan's own")
     submit(python, exchange, homes / dan, "carol", "dan's, as carol")
     timestamp = nbgrader_time()
     forged = exchange / COURSE / "inbound" / f"carol+{ASSIGNMENT}+{timestamp}+{'0' * 32}"
