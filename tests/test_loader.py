@@ -23,7 +23,8 @@ SEED_LIKE = [
     "    for i in range(1, len(data)):\n        data[i][:] = data[0].to(data[i].device)",
     "data = [torch.ones((1, 2), device=d2l.try_gpu(i)) * (i + 1) for i in range(2)]\n"
     "print('before', data)\nallreduce(data)\nprint('after', data)",
-    "split = nn.parallel.scatter(torch.arange(20).reshape(4, 5), [torch.device('cuda:0'), torch.device('cuda:1')])",
+    # a demo that fails on any machine (20 values are no 4 x 6), stand-ins or GPUs
+    "split = nn.parallel.scatter(torch.arange(20).reshape(4, 6), [torch.device('cuda:0'), torch.device('cuda:1')])",
     "def broken(:\n    pass",
     "def train(num_gpus, batch_size, lr):\n    calls.append((num_gpus, batch_size, lr))\n    time.sleep(60)",
     "import time\ntrain(num_gpus=2, batch_size=256, lr=0.2)",
