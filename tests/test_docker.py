@@ -88,6 +88,27 @@ def test_the_grader_image_has_everything():
     assert ".venv" not in {f.split("/")[0] for f in files}
 
 
+def test_the_hub_image_holds_every_hub_module_its_config_imports():
+    """The hub image copies hub/ file by file: each module of hub/ that the config, or a module
+    it imports, imports at load time must be among them (closed.py and lab_groups.py were
+    not, and the compose hub stopped at start)."""
+    import ast
+
+    held = image_files("hub")
+    local = {p.stem for p in (REPO / "hub").glob("*.py")}
+    todo, needed = ["jupyterhub_config"], set()
+    while todo:
+        module = todo.pop()
+        needed.add(module)
+        tree = ast.parse((REPO / "hub" / f"{module}.py").read_text())
+        for node in tree.body:  # at load time: the module's own top level, not its functions
+            if isinstance(node, ast.ImportFrom) and node.module in local:
+                todo += [node.module] if node.module not in needed else []
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name in local and a.name not in needed]
+    assert {f"hub/{m}.py" for m in needed} <= held, sorted({f"hub/{m}.py" for m in needed} - held)
+
+
 def test_the_images_run_as_a_user_with_a_health_check_and_the_lab_start_command():
     found = stages()
     assert found["lab"]["user"] == found["grader"]["user"] == "1000"
