@@ -245,7 +245,12 @@ class Hub:
 
     config = HERE / "jupyterhub_config.py"
 
-    def __init__(self, folder: Path, students: list[str], **settings: str) -> None:
+    def __init__(
+        self, folder: Path, students: list[str], lab: Path = REPO, **settings: str
+    ) -> None:
+        """`lab`: the checkout whose config the hub runs, this one unless another is named
+        (a copy closed to other accounts, for a hub run by root: hub/closed.py)."""
+        self.config = Path(lab) / self.config.relative_to(REPO)
         self.folder = folder
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
 
 import running  # noqa: E402
+from closed import closed_on_the_way  # noqa: E402
 from lab_hub import remove_account  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -54,6 +55,26 @@ def lent_python(homes: Path) -> str:
     return python
 
 
+def closed_lab(folder: Path) -> Path:
+    """A copy of the lab in `folder` (which other accounts cannot enter), as an instructor's
+    clone closed by `chmod 700`, for a hub run by root: that hub refuses to start from an
+    open checkout (hub/closed.py), as a clean clone where every account may read is. The
+    copy is set up as this checkout is."""
+    from tests.test_readme import copy_of_the_lab
+
+    if closed_on_the_way(folder) is None:
+        raise RuntimeError(f"{folder} is open to other accounts: it cannot close a copy")
+    return set_up(copy_of_the_lab(folder / "lab"))
+
+
+def set_up(lab: Path) -> Path:
+    """Give a copy of the lab what `make setup` and `make hub-setup` leave in a clone beside
+    its virtual environment: the compiled messages, and the hub's proxy (this checkout's)."""
+    shutil.copytree(REPO / "labtext" / "locale", lab / "labtext" / "locale", dirs_exist_ok=True)
+    (lab / "hub" / "node_modules").symlink_to(REPO / "hub" / "node_modules")
+    return lab
+
+
 def edit_first_cell(user, path: str, mark: str) -> None:
     """Put `mark` at the top of the first cell of the notebook at `path` in `user`'s lab."""
     notebook = user.lab_api("GET", path).json()["content"]
@@ -73,7 +94,7 @@ def started_hub(tmp_path_factory, **extra: str):
     settings.update(extra)
     if os.geteuid() == 0:
         settings["HUB_PYTHON"] = lent_python(homes)
-    hub = running.Hub(folder, STUDENTS, **settings)
+    hub = running.Hub(folder, STUDENTS, lab=closed_lab(folder), **settings)
     try:  # (a hub that does not start leaves neither its accounts nor its homes)
         hub.start()
         yield hub

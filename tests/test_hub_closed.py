@@ -20,6 +20,8 @@ sys.path.insert(0, str(REPO / "hub"))
 import running  # noqa: E402
 from closed import check_closed, closed_on_the_way, instructors_folders, opening  # noqa: E402
 
+from tests.test_hub import closed_lab  # noqa: E402
+
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="makes accounts, as the hub does")
 
 
@@ -90,8 +92,8 @@ def test_the_hub_does_not_start_while_the_course_folder_is_open(open_folder, tmp
     course = open_folder / "course"
     course.mkdir(mode=0o755)
     course.chmod(0o755)
-    hub = running.Hub(tmp_path, ["ann"], HUB_SPAWNER="process", HUB_COURSE=str(course),
-                      HUB_HOMES=str(open_folder))  # fmt: skip
+    hub = running.Hub(tmp_path, ["ann"], lab=closed_lab(tmp_path), HUB_SPAWNER="process",
+                      HUB_COURSE=str(course), HUB_HOMES=str(open_folder))  # fmt: skip
     try:
         with pytest.raises(RuntimeError, match="the hub stopped at start") as stopped:
             hub.start()
@@ -101,3 +103,4 @@ def test_the_hub_does_not_start_while_the_course_folder_is_open(open_folder, tmp
         stopped.value
     )
     assert f"Close it with `chmod 700 {course}`" in str(stopped.value)
+    assert "the lab's checkout" not in str(stopped.value)  # the closed copy it runs from

@@ -24,6 +24,8 @@ import lab_hub  # noqa: E402
 import running  # noqa: E402
 from lab_hub import remove_account  # noqa: E402
 
+from tests.test_hub import closed_lab  # noqa: E402
+
 slow = pytest.mark.slow
 STUDENTS = ["ann", "bo", "cy"]
 ROOT = os.geteuid() == 0
@@ -44,8 +46,9 @@ def hub(tmp_path_factory):
         pytest.skip(why)
     homes, python_folder = running.temporary_homes(), open_folder()
     prefix = f"t{secrets.token_hex(2)}-"
+    folder = tmp_path_factory.mktemp("hub")
     hub = running.Hub(
-        tmp_path_factory.mktemp("hub"), STUDENTS, HUB_SPAWNER="process",
+        folder, STUDENTS, lab=closed_lab(folder), HUB_SPAWNER="process",
         HUB_HOMES=str(homes), HUB_USER_PREFIX=prefix,
         HUB_PYTHON_FOLDER=str(python_folder / LENT),
     )  # fmt: skip
@@ -116,8 +119,8 @@ def test_the_hub_will_not_start_with_a_python_the_students_cannot_run(tmp_path):
         pytest.skip(why)
     if running._runs_as_nobody(sys.executable):
         pytest.skip(f"{sys.executable} is open to every account here")
-    hub = running.Hub(tmp_path, STUDENTS, HUB_SPAWNER="process", HUB_PYTHON=sys.executable,
-                      HUB_HOMES=str(tmp_path / "homes"))  # fmt: skip
+    hub = running.Hub(tmp_path, STUDENTS, lab=closed_lab(tmp_path), HUB_SPAWNER="process",
+                      HUB_PYTHON=sys.executable, HUB_HOMES=str(tmp_path / "homes"))  # fmt: skip
     with pytest.raises(RuntimeError, match="the hub stopped at start"):
         hub.start()
     log = hub.log_text()

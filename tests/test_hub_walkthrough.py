@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from grader.report.json_report import read_json
+from tests.test_hub import set_up
 from tests.test_readme import copy_of_the_lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,7 +236,7 @@ class Class:
 
             settings["HUB_PYTHON"] = lent_python(self.homes)
         # the state folder where `make hub` keeps it, hub/state in the course folder
-        self.hub = running.Hub(self.course / "hub", self.students, **settings)
+        self.hub = running.Hub(self.course / "hub", self.students, lab=self.course, **settings)
         self.hub.start()
 
     def stop(self) -> list[str]:
@@ -292,7 +293,7 @@ def test_the_class_in_ten_minutes_runs_as_written(tmp_path):
     if why := running.missing():
         pytest.skip(why)
     # the clone in a folder every account may enter, so that only the walk-through closes it
-    course = copy_of_the_lab(running.temporary_homes() / "lab").resolve()
+    course = set_up(copy_of_the_lab(running.temporary_homes() / "lab")).resolve()
     course.chmod(0o755)
     exchange = running.temporary_homes() / "exchange"  # a folder every account may reach
     run = Class(course, exchange, running.temporary_homes(), f"t{secrets.token_hex(2)}-")
@@ -328,10 +329,8 @@ def instructors_things(run: Class, other: str) -> dict[str, str]:
     theirs = course / "submitted" / other / ASSIGNMENT / "from_scratch.ipynb"
     private = Path("grader", "exercises", "allreduce", "private", "hidden.py")
     reads = {
-        "the checkout's solutions": REPO / "solutions" / ASSIGNMENT / "from_scratch.ipynb",
-        "the course's solutions": course / "solutions" / ASSIGNMENT / "from_scratch.ipynb",
-        "the checkout's hidden checks": REPO / private,
-        "the course's hidden checks": course / private,
+        "the solutions": course / "solutions" / ASSIGNMENT / "from_scratch.ipynb",
+        "the hidden checks": course / private,
         "another student's submission": theirs,
         "the grades": course / "results.json",
         "the gradebook": course / "gradebook.db",
