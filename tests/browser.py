@@ -161,13 +161,18 @@ class Browser:
 
     def click(self, selector: str, text: str = "", timeout: float = 60) -> None:
         """Click, with the mouse, the middle of the element of `selector` (whose text holds
-        `text`) once it shows."""
-        self.wait_for(selector, text, timeout)
-        box = self.evaluate(
-            f"(() => {{ const e = {_find(selector, text)}; e.scrollIntoView({{block: 'center'}});"
-            " const r = e.getBoundingClientRect();"
-            " return {x: r.left + r.width / 2, y: r.top + r.height / 2}; })()"
-        )
+        `text`) once it shows. A page that draws the element again between the wait and the
+        click (JupyterLab's menu bar, as its plugins start) is waited for again."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.wait_for(selector, text, max(deadline - time.monotonic(), 1))
+            box = self.evaluate(
+                f"(() => {{ const e = {_find(selector, text)}; if (!e) return null;"
+                " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+                " return {x: r.left + r.width / 2, y: r.top + r.height / 2}; })()"
+            )
+            if box is not None:
+                break
         at = {"x": box["x"], "y": box["y"]}
         self.send("Input.dispatchMouseEvent", type="mouseMoved", **at)
         for kind in ("mousePressed", "mouseReleased"):
