@@ -4,12 +4,16 @@ Each case takes two devices (`sim:0, sim:1` under the stand-ins, `cuda:0, cuda:1
 server) and returns what the calls gave, described by `seen`: each tensor as its device
 (`dev0`, `dev1`, `cpu`), dtype, shape, values and whether it requires grad; an error as its
 type and the words that matter. Next to it, `expected` says what a GPU gives, computed on
-plain CPU tensors (or, for errors, written out). tests/test_device_corpus.py compares the two
+plain CPU tensors (or, for errors, written out). The cases in ASK_CUDA ask torch.cuda itself
+(how many GPUs, `cuda:i`, streams, autocast): under the stand-ins they run while torch.cuda
+answers for them (dplab.sim.answering_as_gpus), as the grader runs the cases of the notebooks
+that train on them. tests/test_device_corpus.py compares the two
 under the stand-ins in `make test`, and on two real GPUs, where there are two, in
 `make gpu-check` (grader/benchmarks/gpu_check.py runs that file's `multigpu` test), so the
 stand-ins and the GPUs are held to the same answers.
 """
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -221,7 +225,204 @@ def data_parallel_with_the_module_elsewhere(devices):
     return nn.parallel.data_parallel(nn.Linear(2, 1).to(devices[1]), X.to(devices[1]), devices)
 
 
+# ---- what a program asks of torch.cuda: probes, `cuda:i`, streams, AMP ------------------------
+
+
+def probes_count_the_devices(devices):
+    return [
+        torch.cuda.is_available(),
+        torch.cuda.device_count() >= len(devices),
+        all(isinstance(torch.cuda.get_device_name(i), str) for i in range(len(devices))),
+        torch.cuda.get_device_properties(1).total_memory > 0,
+        torch.cuda.current_device(),
+    ]
+
+
+def cuda_names_the_devices(devices):
+    net = nn.Linear(2, 1).cuda(1)
+    return [
+        torch.zeros(2, device="cuda"),
+        torch.ones(2).cuda(),
+        torch.ones(2).to("cuda:1"),
+        torch.ones(2).to(1),
+        torch.full((2,), 3.0, device=torch.device("cuda", 1)),
+        [p.detach() for p in net.parameters()],
+    ]
+
+
+def an_index_past_the_last_gpu_fails(devices):
+    return torch.zeros(1, device=f"cuda:{torch.cuda.device_count()}")
+
+
+def set_device_and_device_context(devices):
+    torch.cuda.set_device(1)
+    try:
+        made = [torch.zeros(1, device="cuda"), torch.ones(1).cuda(), torch.cuda.current_device()]
+    finally:
+        torch.cuda.set_device(0)
+    with torch.cuda.device(1):
+        made.append(torch.zeros(1, device="cuda"))
+    return [*made, torch.zeros(1, device="cuda"), torch.cuda.current_device()]
+
+
+def tutorial_idiom_wraps_every_gpu(devices):
+    """PyTorch's tutorial: wrap only where there is more than one GPU, on every GPU there is."""
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(1)
+    model = nn.Linear(2, 1)
+    if torch.cuda.device_count() > 1:
+        model = nn.DataParallel(model)
+    model.to(device)
+    out = model(X.to(device))
+    wrapped = isinstance(model, nn.DataParallel)
+    return [wrapped, wrapped and len(model.device_ids) == torch.cuda.device_count(), out.detach()]
+
+
+def streams_and_events(devices):
+    x = torch.arange(4.0, device=devices[1])
+    side = torch.cuda.Stream(device=devices[1])
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    with torch.cuda.stream(side):
+        y = x * 2
+    torch.cuda.current_stream(devices[1]).wait_stream(side)
+    end.record()
+    torch.cuda.synchronize()
+    torch.cuda.synchronize(devices[1])
+    return [y, start.elapsed_time(end) >= 0, side.query()]
+
+
+def autocast_computes_in_lower_precision(devices):
+    net = nn.Linear(2, 2).to(devices[0])
+    x = X.to(devices[0])
+    exact = net(x)
+    with torch.autocast("cuda"):
+        half = net(x)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        brain = net(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.cuda.amp's name is deprecated
+        with torch.cuda.amp.autocast():
+            old = net(x)
+    close = torch.allclose(half.float(), exact, rtol=1e-2, atol=1e-2)
+    return [half.dtype, brain.dtype, old.dtype, net(x).dtype, close]
+
+
+def grad_scaler_loop(devices, make_scaler: Callable) -> list:
+    """Ten AMP steps that train, then a step whose gradients overflow: it is skipped and the
+    scale halves."""
+    torch.manual_seed(2)
+    net = nn.Linear(4, 3).to(devices[0])
+    data, labels = torch.randn(16, 4).to(devices[0]), torch.randint(0, 3, (16,)).to(devices[0])
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    scaler = make_scaler()
+    losses = []
+    for _ in range(10):
+        optimizer.zero_grad()
+        with torch.autocast("cuda"):
+            loss = nn.functional.cross_entropy(net(data), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    scale, before = scaler.get_scale(), net.weight.detach().clone()
+    optimizer.zero_grad()
+    with torch.autocast("cuda"):
+        loss = net(data).sum() * float("inf")
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    kept = torch.equal(net.weight.detach(), before)
+    return [losses[-1] < 0.9 * losses[0], scale, scaler.get_scale(), kept, net.weight.dtype]
+
+
+def grad_scaler_trains(devices):
+    return grad_scaler_loop(devices, lambda: torch.amp.GradScaler("cuda", init_scale=1024.0))
+
+
+def grad_scaler_by_its_old_name(devices):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return grad_scaler_loop(devices, lambda: torch.cuda.amp.GradScaler(init_scale=1024.0))
+
+
+def the_gradient_of_a_cast_stays_on_its_device(devices):
+    x = X.to(devices[1]).requires_grad_()
+    (x.half() * 2).float().sum().backward()
+    return x.grad
+
+
+def one_linear_output() -> torch.Tensor:
+    torch.manual_seed(1)
+    return nn.Linear(2, 1)(X).detach()
+
+
+def linear_parameters() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [p.detach() for p in nn.Linear(2, 1).parameters()]
+
+
+# The cases that ask torch.cuda itself: they need a machine whose torch.cuda speaks of the
+# devices (under stand-ins, dplab.sim.answering_as_gpus, which the grader turns on).
+ASK_CUDA = {
+    "probes_count_the_devices",
+    "cuda_names_the_devices",
+    "an_index_past_the_last_gpu_fails",
+    "set_device_and_device_context",
+    "tutorial_idiom_wraps_every_gpu",
+    "streams_and_events",
+    "autocast_computes_in_lower_precision",
+    "grad_scaler_trains",
+    "grad_scaler_by_its_old_name",
+}
+SCALER = [True, 1024.0, 512.0, True, torch.float32]  # no step overflows but the last
+
 CASES: dict[str, tuple[Callable, Callable]] = {
+    "probes_count_the_devices": (probes_count_the_devices, lambda: [True, True, True, True, 0]),
+    "cuda_names_the_devices": (
+        cuda_names_the_devices,
+        lambda: [
+            on("dev0", torch.zeros(2)),
+            on("dev0", torch.ones(2)),
+            on("dev1", torch.ones(2)),
+            on("dev1", torch.ones(2)),
+            on("dev1", torch.full((2,), 3.0)),
+            [on("dev1", p) for p in linear_parameters()],
+        ],
+    ),
+    "an_index_past_the_last_gpu_fails": (
+        an_index_past_the_last_gpu_fails,
+        lambda: Raised("RuntimeError", "invalid device ordinal"),
+    ),
+    "set_device_and_device_context": (
+        set_device_and_device_context,
+        lambda: [
+            on("dev1", [0.0]),
+            on("dev1", [1.0]),
+            1,
+            on("dev1", [0.0]),
+            on("dev0", [0.0]),
+            0,
+        ],
+    ),
+    "tutorial_idiom_wraps_every_gpu": (
+        tutorial_idiom_wraps_every_gpu,
+        lambda: [True, True, on("dev0", one_linear_output())],
+    ),
+    "streams_and_events": (
+        streams_and_events,
+        lambda: [on("dev1", [0.0, 2.0, 4.0, 6.0]), True, True],
+    ),
+    "autocast_computes_in_lower_precision": (
+        autocast_computes_in_lower_precision,
+        lambda: [torch.float16, torch.bfloat16, torch.float16, torch.float32, True],
+    ),
+    "grad_scaler_trains": (grad_scaler_trains, lambda: SCALER),
+    "grad_scaler_by_its_old_name": (grad_scaler_by_its_old_name, lambda: SCALER),
+    "the_gradient_of_a_cast_stays_on_its_device": (
+        the_gradient_of_a_cast_stays_on_its_device,
+        lambda: on("dev1", torch.full((6, 2), 2.0)),
+    ),
     "broadcast_to_devices": (
         broadcast_to_devices,
         lambda: [on("dev0", X), on("dev1", X), True],

@@ -2,7 +2,8 @@
 
 PyTorch's functional data-parallel API (torch.cuda.comm, nn.parallel's replicate, scatter,
 parallel_apply, gather and data_parallel) runs on the stand-ins, with the values, devices
-and errors two GPUs give. The same corpus runs on two real GPUs in `make gpu-check`.
+and errors two GPUs give; and while torch.cuda answers for the stand-ins (as the grader has it
+for the notebooks that train on them), so do its probes, `cuda:i`, streams and AMP. The same corpus runs on two real GPUs in `make gpu-check`.
 """
 
 import pytest
@@ -12,14 +13,38 @@ from torch import nn
 
 from dplab import sim
 from dplab.devices import num_gpus
-from tests.device_corpus import CASES, run
+from tests.device_corpus import ASK_CUDA, CASES, run
+
+STAND_INS = ["sim:0", "sim:1"]  # made devices in each test: "sim" exists once registered
+
+
+@pytest.mark.usefixtures("stand_ins")
+@pytest.mark.parametrize("name", sorted(set(CASES) - ASK_CUDA))
+def test_each_call_gives_on_stand_ins_what_a_gpu_gives(name):
+    case, expected = CASES[name]
+    assert run(case, [torch.device(d) for d in STAND_INS]) == expected()
 
 
 @pytest.mark.usefixtures("stand_ins")
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_each_call_gives_on_stand_ins_what_a_gpu_gives(name):
+def test_each_call_gives_the_same_while_torch_cuda_answers_for_the_stand_ins(name):
+    """As the grader runs the notebooks that train on stand-ins: torch.cuda speaks of them."""
     case, expected = CASES[name]
-    assert run(case, [torch.device("sim", 0), torch.device("sim", 1)]) == expected()
+    with sim.answering_as_gpus():
+        got = run(case, [torch.device(d) for d in STAND_INS])
+    assert got == expected()
+
+
+@pytest.mark.usefixtures("stand_ins")
+def test_torch_cuda_speaks_of_the_machine_again_after():
+    with sim.answering_as_gpus():
+        inside = (torch.cuda.device_count(), torch.cuda.is_available())
+    assert inside == (4, True)
+    assert (torch.cuda.device_count(), torch.cuda.is_available()) == (
+        sim.gpu_count(),
+        sim.gpus_available(),
+    )
+    assert not torch.is_autocast_enabled("cpu")
 
 
 @pytest.mark.multigpu

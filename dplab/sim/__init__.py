@@ -20,7 +20,11 @@ How it plugs into PyTorch:
   they get plain Python equivalents (split and copy, replicate, apply in turn, gather);
   so do `torch.cuda.comm`'s broadcast, scatter and gather and `nn.parallel`'s
   parallel_apply and data_parallel (dplab.sim.comm), through which `nn.parallel.replicate`
-  and `nn.parallel.gather` run unchanged.
+  and `nn.parallel.gather` run unchanged;
+- while `answering_as_gpus()` is on (the grader turns it on around the cases of the notebooks
+  that train on stand-ins), torch.cuda answers for the stand-ins: device_count, names,
+  the current device, streams and events, `cuda:i` as stand-in i, and autocast("cuda")
+  (dplab.sim.gpus).
 
 What it cannot do: to PyTorch's C++ core a stand-in tensor is a CPU tensor, so the few
 composite operations that build tensors from `self.options()` before any Python code runs
@@ -37,15 +41,19 @@ from dplab.sim.device import (
     register,
     synchronize,
 )
+from dplab.sim.gpus import answering_as_gpus, gpu_count, gpus_available
 from dplab.sim.switch import disable, enable
 
 __all__ = [
     "TYPE",
+    "answering_as_gpus",
     "backing",
     "backing_device",
     "disable",
     "enable",
     "enabled",
+    "gpu_count",
+    "gpus_available",
     "is_stand_in",
     "register",
     "synchronize",

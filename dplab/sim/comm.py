@@ -26,6 +26,7 @@ from torch._utils import ExceptionWrapper
 from torch.nn.parallel import comm as _comm
 
 from dplab.sim.device import TYPE, StandInTensor, count, enabled, is_stand_in
+from dplab.sim.gpus import answering, gpu_count, place
 
 _ORIGINAL = {
     name: getattr(_comm, name)
@@ -40,7 +41,7 @@ _ORIGINAL_DATA_PARALLEL = _data_parallel_module.data_parallel
 def numbers_are_stand_ins() -> bool:
     """Return True when a bare device number names a stand-in: stand-ins are on and there
     are not two GPUs to number (as nn.DataParallel(net, device_ids=[0, 1]) reads them)."""
-    return enabled() and torch.cuda.device_count() < 2
+    return enabled() and gpu_count() < 2
 
 
 def _on_stand_ins(tensors, devices=()) -> bool:
@@ -48,6 +49,8 @@ def _on_stand_ins(tensors, devices=()) -> bool:
     if any(isinstance(t, StandInTensor) for t in tensors):
         return True
     named = [d for d in devices if d is not None and not isinstance(d, int)]
+    if answering():  # `cuda:i` names stand-in i (dplab.sim.gpus)
+        named = [place(d) for d in named]
     if any(is_stand_in(d) for d in named):
         return True
     numbers = [d for d in devices if isinstance(d, int)]
@@ -61,7 +64,7 @@ def _device(d, default: int = 0) -> torch.device:
         return torch.device(TYPE, default)
     if isinstance(d, int):
         return torch.device("cpu") if d == -1 else torch.device(TYPE, d)
-    return torch.device(d)
+    return torch.device(place(d)) if answering() else torch.device(d)
 
 
 def _check_index(device: torch.device) -> None:

@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_map
 TYPE = "sim"
 _state = {"enabled": False, "registered": False, "count": 2, "backing": torch.device("cpu")}
 _lock = threading.Lock()
+_cuda_synchronize = torch.cuda.synchronize
 
 
 def is_stand_in(device) -> bool:
@@ -204,11 +205,12 @@ class _Enter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, index):
         ctx.device = x.device
-        return StandInTensor(x.detach().to(_state["backing"], copy=True), index)
+        with torch._C.DisableTorchFunction():  # the backing device, named as it is
+            return StandInTensor(x.detach().to(_state["backing"], copy=True), index)
 
     @staticmethod
     def backward(ctx, grad):
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch._C.DisableTorchFunction():  # the device it came from, named as it is
             return backing(grad).to(ctx.device, copy=True), None
 
 
@@ -240,7 +242,8 @@ class _Leave(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         with torch._C.DisableTorchFunctionSubclass():
-            return StandInTensor(grad.to(_state["backing"], copy=True), ctx.source), None
+            with torch._C.DisableTorchFunction():
+                return StandInTensor(grad.to(_state["backing"], copy=True), ctx.source), None
 
 
 class _Move(torch.autograd.Function):
@@ -299,7 +302,13 @@ def _run(func, args, kwargs):
         a, b = sorted(indices)[:2]
         raise _same_device_error(f"{TYPE}:{a}", f"{TYPE}:{b}")
     index = next(iter(indices), 0)
-    moving_out = func is torch.ops.aten._to_copy.default and target is not None
+    if func is _TO_COPY and indices and _is_cpu(target):
+        # To PyTorch's C++ core a stand-in tensor is a CPU tensor, so a cast made there
+        # (autocast's, or the gradient of `.half()` going back to float32) names the CPU:
+        # the copy stays on the stand-in. Python's moves to the CPU never come here (_move).
+        target = None
+        plain_kwargs["device"] = _state["backing"]
+    moving_out = func is _TO_COPY and target is not None
     if others and not moving_out and func not in _CPU_INDICES_OK:
         raise _same_device_error(f"{TYPE}:{index}", others[0])
     if target is not None:
@@ -308,7 +317,12 @@ def _run(func, args, kwargs):
             plain_kwargs["device"] = _state["backing"]
         elif moving_out:  # leaving the stand-ins: the result is a plain tensor
             return func(*plain_args, **plain_kwargs)
-    out = func(*plain_args, **plain_kwargs)
+    if _state["backing"].type == "cuda" and torch.is_autocast_enabled("cuda"):
+        # Autocast saw the stand-in tensors as the CPU's (dplab.sim.gpus): once is enough.
+        with torch.autocast("cuda", enabled=False):
+            out = func(*plain_args, **plain_kwargs)
+    else:
+        out = func(*plain_args, **plain_kwargs)
 
     def wrap(x):
         if isinstance(x, torch.Tensor) and not isinstance(x, StandInTensor):
@@ -317,6 +331,13 @@ def _run(func, args, kwargs):
         return x
 
     return _map(wrap, out)
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+
+
+def _is_cpu(device) -> bool:
+    return device is not None and torch.device(device).type == "cpu"
 
 
 # Indexing takes CPU index tensors on a GPU tensor; so it does on a stand-in.
@@ -345,16 +366,18 @@ def _register_kernels() -> None:
     _library = torch.library.Library("aten", "IMPL")
 
     def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        data = torch.empty(
-            size,
-            dtype=dtype,
-            device=_state["backing"],
-            memory_format=memory_format or torch.contiguous_format,
-        )
+        with torch._C.DisableTorchFunction():  # the backing device, named as it is
+            data = torch.empty(
+                size,
+                dtype=dtype,
+                device=_state["backing"],
+                memory_format=memory_format or torch.contiguous_format,
+            )
         return StandInTensor(data, _index(device) if device is not None else 0)
 
     def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-        data = torch.empty_strided(size, stride, dtype=dtype, device=_state["backing"])
+        with torch._C.DisableTorchFunction():
+            data = torch.empty_strided(size, stride, dtype=dtype, device=_state["backing"])
         return StandInTensor(data, _index(device) if device is not None else 0)
 
     def copy_from(source, destination, non_blocking=False):
@@ -471,4 +494,4 @@ def backing_device() -> torch.device:
 def synchronize() -> None:
     """Wait for the work queued on the stand-ins: on the GPU behind them, if there is one."""
     if _state["backing"].type == "cuda":
-        torch.cuda.synchronize(_state["backing"])
+        _cuda_synchronize(_state["backing"])  # CUDA's own, whatever torch.cuda answers now

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from dplab.sim.device import TYPE, count, enabled, is_stand_in
+from dplab.sim.gpus import answering, gpu_count, place
 
 # ---- nn.parallel for stand-ins ------------------------------------------------------------
 
@@ -101,12 +102,14 @@ def _stand_in_ids(device_ids) -> list[torch.device] | None:
     """Return the devices nn.DataParallel should use when they are stand-ins (or plain
     numbers with no CUDA to number), as devices; None when the original should run."""
     ids = list(device_ids) if device_ids is not None else None
-    if ids is None and enabled() and torch.cuda.device_count() < 2:
+    if ids is None and enabled() and gpu_count() < 2:
         # Without device_ids nn.DataParallel takes every GPU there is: here, every stand-in.
         ids = [torch.device(TYPE, i) for i in range(count())]
+    if ids and answering():  # `cuda:i` names stand-in i (dplab.sim.gpus)
+        ids = [place(d) for d in ids]
     if ids and (
         any(is_stand_in(d) for d in ids)
-        or (all(isinstance(d, int) for d in ids) and not torch.cuda.is_available())
+        or (all(isinstance(d, int) for d in ids) and enabled() and gpu_count() < 2)
     ):
         return [torch.device(TYPE, d) if isinstance(d, int) else torch.device(d) for d in ids]
     return None

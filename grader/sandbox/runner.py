@@ -10,11 +10,14 @@ import time
 import warnings
 from collections.abc import Iterable
 
+from dplab import sim
+from dplab.sim.gpus import answering_as_gpus
 from grader.api import Case, Check, Context, Raised, Student
 from grader.base.printed import captured
 from grader.base.protocol import CaseOutcome
 from grader.base.time_limit import TimeLimit, processor_seconds, time_limit
 from grader.base.values import pack
+from grader.manifest import load_manifest
 
 MAX_PRINTED = 4000
 
@@ -33,6 +36,19 @@ def holding(case: Case, student: Student, held: dict | None) -> contextlib.ExitS
     if held is not None:
         stack.enter_context(student.replaced(**{n: held[n] for n in case.holds if n in held}))
     return stack
+
+
+def as_gpus(case: Case, ctx: Context) -> contextlib.AbstractContextManager:
+    """Return a context in which torch.cuda answers for the case's devices, as a server with
+    that many GPUs would (dplab.sim.gpus), where they are stand-ins: in the notebooks whose
+    exercises train on the devices, not those whose ranks compute on the CPU."""
+    parts = case.origin[0].split(".")
+    if not ctx.devices or not all(sim.is_stand_in(d) for d in ctx.devices) or len(parts) < 3:
+        return contextlib.nullcontext()
+    manifest = load_manifest()
+    notebook = next((ex.notebook for ex in manifest.exercises if ex.id == parts[2]), None)
+    ranks = any(ex.distributed for ex in manifest.exercises if ex.notebook == notebook)
+    return answering_as_gpus() if notebook and not ranks else contextlib.nullcontext()
 
 
 def run_case(
@@ -59,6 +75,7 @@ def run_case(
             warnings.catch_warnings(),
             holding(case, student, held),
             time_limit(limit),
+            as_gpus(case, ctx),
         ):
             warnings.simplefilter("ignore")
             args = case.arguments(case_ctx) if arguments is None else arguments
