@@ -77,6 +77,25 @@ SLIPS = {
         },
     },
     "deepspeed_words": {},
+    # The third collection (issue 56), from sources the first two do not use.
+    "jax_pmap_port": {},
+    "uvadlc_lightning": {},
+    "horovod_examples": {
+        "evaluate_accuracy_distributed": {
+            "every_rank_returns_the_accuracy_of_the_whole_set": "correct over total"
+        },
+    },
+    "fairscale_fsdp": {},
+}
+# Submissions whose fair grade (SLIPS above) the grader does not give yet: each reason names
+# the checks that charge them unfairly. Remove an entry once the grader gives the fair grade.
+UNFAIR = {
+    "uvadlc_lightning": "train_dataparallel: a LightningModule holding the net, wrapped in "
+    "nn.DataParallel, is 'never wrapped' (the wrap is matched by module identity): "
+    "wraps_the_net_in_data_parallel_on_the_given_devices, moves_the_net_to_the_first_device, "
+    "loss_falls_on_a_small_fixed_batch and training_matches_plain_sgd all fail",
+    "fairscale_fsdp": "reduce_scatter, all_gather: a ring of dist.batch_isend_irecv P2POps is "
+    "recorded as sending to [None], failing exchanges_one_chunk_per_step_with_its_neighbours",
 }
 BOOK = ("d2l_zh_2_0", "d2l_en_1_0")
 # The submissions graded with DPLAB_DEVICES=cpu as well: those of the first two notebooks,
@@ -180,7 +199,15 @@ def test_every_outside_submission_is_graded_with_the_slips_its_header_names():
         assert header_slips(edition) == set().union(*exercises.values()), edition
 
 
-@pytest.mark.parametrize("edition", sorted(SLIPS))
+@pytest.mark.parametrize(
+    "edition",
+    [
+        pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=UNFAIR[e]))
+        if e in UNFAIR
+        else e
+        for e in sorted(SLIPS)
+    ],
+)
 def test_each_slip_costs_only_its_own_check(on_stand_ins, edition):
     sub = on_stand_ins[edition]
     exercises = handed_in(sub, edition)
@@ -237,4 +264,5 @@ def test_the_grade_is_the_same_with_the_gpu_and_without(tmp_path):
     without = grade(write_class(tmp_path / "cpu"), DPLAB_DEVICES="auto", CUDA_VISIBLE_DEVICES="")
     for edition in SLIPS:
         assert verdicts(with_gpus[edition]) == verdicts(without[edition]), edition
-        assert failed(with_gpus[edition], edition) == slipped(edition)
+        if edition not in UNFAIR:
+            assert failed(with_gpus[edition], edition) == slipped(edition)
