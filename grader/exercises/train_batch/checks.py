@@ -1,8 +1,11 @@
 """Public checks of `train_batch(X, y, device_params, devices, lr)`: one data-parallel SGD step.
 
 The yardstick is plain SGD on one device: the summed loss of the whole batch, backward,
-and an update divided by the whole batch size. After a correct data-parallel step every
-replica equals that. When a replica does not, the checks compare it with what each
+and an update divided by the whole batch size. One check compares the step with it, on an
+even split over two devices; the others compare the code with itself, through relations any
+correct step keeps (unequal shards step as one device does with the same batch, four devices
+as two do, a second step as a first from the same weights), so that a step wrong everywhere
+costs that one check. When a replica is wrong, the checks compare it with what each
 well-known mistake would give, and name the one that matches.
 
 `train_batch` calls the notebook's `split_batch`, `allreduce`, `lenet` and `loss`; the
@@ -57,11 +60,10 @@ def fresh_replicas(values: list[list[torch.Tensor]], devices) -> list[list[torch
     ]
 
 
-@case(holds=HELD)
-def random_steps(student, ctx, n: int, k: int) -> dict:
-    """Make k replicas and call train_batch once on a random batch of n examples, noting
-    every forward pass: its device, its rows and the replica it ran with (kept when the call
-    raises, as what ran before the error shows how the work was split)."""
+def one_step(student, ctx, n: int, k: int) -> dict:
+    """Make k replicas and call train_batch once on the case's random batch of n examples,
+    noting every forward pass: its device, its rows and the replica it ran with (kept when
+    the call raises, as what ran before the error shows how the work was split)."""
     devices = cycle(ctx.devices, k)
     replicas = fresh_replicas([start(ctx.seed)] * k, devices)
     forwards: list[list] = []
@@ -76,6 +78,21 @@ def random_steps(student, ctx, n: int, k: int) -> dict:
     with student.replaced(lenet=lenet):
         call = attempt(fn, X, y, replicas, devices, LR)
     return {"replicas": replicas, "forwards": forwards, "raised": call["raised"]}
+
+
+@case(holds=HELD)
+def random_steps(student, ctx, n: int, k: int) -> dict:
+    """Make k replicas and call train_batch once on a random batch of n examples, noting
+    every forward pass: its device, its rows and the replica it ran with."""
+    return one_step(student, ctx, n, k)
+
+
+@case(holds=HELD)
+def own_steps(student, ctx, runs: tuple[tuple[int, int], ...]) -> dict:
+    """Call train_batch once for each (n, k) of `runs`, each from the same starting weights,
+    on the case's random batch of n examples over k devices: the checks compare the calls
+    with one another."""
+    return {"runs": [one_step(student, ctx, n, k) for n, k in runs]}
 
 
 @case(holds=HELD)
@@ -128,6 +145,7 @@ def mistakes_after(seed: int, n: int, k: int) -> dict[str, list[list[torch.Tenso
         "no_allreduce": [step(shard_grads[j], n) for j in range(k)],
         "shard_size": [step(total, sizes[j]) for j in range(k)],
         "mean_loss": [step(mean_total, n)] * k,
+        "mean_of_means": [step(mean_total, k)] * k,
         "no_division": [step(total, 1)] * k,
         "no_update": [params] * k,
     }
@@ -145,6 +163,11 @@ MISTAKE_HINTS = {
     "mean_loss": N_(
         "Each device averaged its loss; sum the per-example losses on each device "
         "(.sum()) and let the update divide by the whole batch size once."
+    ),
+    "mean_of_means": N_(
+        "Each device averaged its loss and the update divided by the number of devices: "
+        "right only when the shards are equal, as a smaller shard's examples then weigh more. "
+        "Sum the per-example losses (.sum()) and divide the update by the whole batch size."
     ),
     "no_division": N_(
         "The update was not divided by the batch size: use d2l.sgd(param, lr, X.shape[0])."
@@ -174,12 +197,6 @@ def replicas_of(seen, k: int) -> list[list[SeenTensor]]:
     return seen
 
 
-def slipped(hint: str | None) -> bool:
-    """Return True where a diagnosed mistake is a slip in a step that updates the replicas
-    (a public check's cause), not a step that left them as they were."""
-    return hint is not None and hint != MISTAKE_HINTS["no_update"]
-
-
 def changed(replicas: list[list[SeenTensor]], seed: int) -> bool:
     """Return True when the step moved some replica away from where it started."""
     return any(
@@ -206,9 +223,8 @@ def diagnosis(seen, seed: int, n: int, k: int) -> str | None:
     return None
 
 
-def expect_plain_sgd(seen, ctx, n: int, k: int, see: str | None = None) -> None:
-    """Fail unless every replica equals one plain SGD step, naming a matching mistake; where
-    one matches, `see` is the check that charges for it."""
+def expect_plain_sgd(seen, ctx, n: int, k: int) -> None:
+    """Fail unless every replica equals one plain SGD step, naming a matching mistake."""
     replicas = replicas_after(seen, k)
     before = start(ctx.seed)
     wanted = expected_after(ctx.seed, n)
@@ -224,15 +240,75 @@ def expect_plain_sgd(seen, ctx, n: int, k: int, see: str | None = None) -> None:
                     atol=1e-7,
                 )
             except Fail as fail:
-                hint = diagnosis(replicas, ctx.seed, n, k)
-                raise Fail(fail.message, hint, see if slipped(hint) else None) from None
+                raise Fail(fail.message, diagnosis(replicas, ctx.seed, n, k)) from None
+
+
+def finished_replicas(run: dict, k: int) -> list[list[SeenTensor]] | None:
+    """Return the k replicas a call left, or None where it raised or left something else."""
+    if run.get("raised"):
+        return None
+    seen = run.get("replicas")
+    ok = (
+        isinstance(seen, list)
+        and len(seen) == k
+        and all(isinstance(r, list) and len(r) == 8 for r in seen)
+        and all(isinstance(t, SeenTensor) for r in seen for t in r)
+    )
+    return seen if ok else None
+
+
+def same_update(a: list[SeenTensor], b: list[SeenTensor], seed: int) -> bool:
+    """Return True when two replicas moved by the same update, within float rounding."""
+    return all(
+        close(x.value.double() - p0.double(), y.value.double() - p0.double(), 1e-3, 1e-7)
+        for x, y, p0 in zip(a, b, start(seed), strict=True)
+    )
+
+
+def device_count_shows_on_even_shards(runs: list[dict], seed: int) -> bool:
+    """Return True where the code's own step over two devices, shards even, differs from its
+    own step on one device with the same batch (`runs`: those two calls, in that order)."""
+    two, one = finished_replicas(runs[0], 2), finished_replicas(runs[1], 1)
+    if two is None or one is None:
+        return False
+    return not all(same_update(r, one[0], seed) for r in two)
+
+
+def expect_own_step(
+    replicas: list[list[SeenTensor]],
+    base: list[list[SeenTensor]],
+    seed: int,
+    fewer: int,
+    hint: str | None,
+    see: str | None,
+) -> None:
+    """Fail unless every replica moved by the update the code's own step on `fewer` devices
+    (its first replica, `base[0]`) made from the same weights with the same batch."""
+    before = start(seed)
+    for r, replica in enumerate(replicas):
+        for i, (got, want, p0) in enumerate(zip(replica, base[0], before, strict=True)):
+            expect_close(
+                got.value.double() - p0.double(),
+                want.value.double() - p0.double(),
+                _(
+                    "the update of {name} on device {r}, against your own step on {fewer} "
+                    "device(s) with the same batch"
+                ).format(name=NAMES[i], r=r, fewer=fewer),
+                hint,
+                rtol=1e-3,
+                atol=1e-7,
+                see=see,
+            )
 
 
 even_split = random_steps.using(
     "even_split", "One step on 8 random examples over two devices (4 and 4).", n=8, k=2
 )
-uneven_split = random_steps.using(
-    "uneven_split", "One step on 7 random examples over two devices (4 and 3).", n=7, k=2
+uneven_split = own_steps.using(
+    "uneven_split",
+    "One step on 7 random examples over two devices (4 and 3), and the same on one device; "
+    "one step on 8 over two devices (4 and 4), and the same on one device.",
+    runs=((7, 2), (7, 1), (8, 2), (8, 1)),
 )
 two_steps = step_after_step.using(
     "two_steps",
@@ -245,15 +321,42 @@ two_steps = step_after_step.using(
 
 @check(even_split, points=2, hint=ORDER_HINT)
 def every_replica_matches_one_sgd_step(seen, ctx):
-    """After one step every replica equals one SGD step on the whole batch on one device."""
+    """After one step every replica equals one SGD step on the whole batch on one device.
+    Property: the step is plain SGD on the whole batch; against the reference."""
     expect_plain_sgd(seen, ctx, n=8, k=2)
 
 
-@check(uneven_split, points=2, hint=ORDER_HINT)
-def uneven_split_matches_one_sgd_step(seen, ctx):
-    """With shards of 4 and 3, every replica still equals one SGD step on all 7 examples."""
-    # A known mistake that shows on even shards too is every_replica_matches_one_sgd_step's.
-    expect_plain_sgd(seen, ctx, n=7, k=2, see="every_replica_matches_one_sgd_step")
+UNEVEN_HINT = (
+    "With shards of unequal size every example must still weigh the same: sum the losses on "
+    "each device and divide the update by the whole batch size, X.shape[0], whatever the "
+    "shards' sizes."
+)
+
+
+@check(uneven_split, points=2, hint=UNEVEN_HINT)
+def uneven_split_steps_as_one_device_does(seen, ctx):
+    """With shards of 4 and 3, every replica takes the step your own code takes on one
+    device with the same 7 examples. Property: unequal shards are weighed by their size; a
+    relation: the code against itself, blind to a step that is wrong on one device too."""
+    split, whole, *even = seen["runs"]
+    replicas = replicas_after(split, 2)
+    base = replicas_after(whole, 1)
+    observe(
+        changed(replicas, ctx.seed) or changed(base, ctx.seed),
+        "every_replica_matches_one_sgd_step",
+        N_("the step left every replica as it was: there is no update to compare"),
+    )
+    # A step that depends on the shards' sizes (divides by them, drops the all-reduce) is
+    # wrong on even shards too, and no relation on unequal shards alone tells it from one
+    # that handles only unequal shards wrongly. So where the code's own even split already
+    # differs from its own step on one device, the reference check owns the cause (see=).
+    owner = (
+        "every_replica_matches_one_sgd_step"
+        if device_count_shows_on_even_shards(even, ctx.seed)
+        else None
+    )
+    known = diagnosis(replicas, ctx.seed, 7, 2)
+    expect_own_step(replicas, base, ctx.seed, 1, known, owner)
 
 
 @check(
@@ -263,9 +366,12 @@ def uneven_split_matches_one_sgd_step(seen, ctx):
     "to the bit: sum in one place and copy the total to every device.",
 )
 def replicas_stay_identical(seen, ctx):
-    """All replicas hold the same values after the step."""
+    """All replicas hold the same values after the step. Property: the replicas stay equal to
+    the bit; a relation: the replicas against one another."""
     # Exactly the same, so that they never drift apart. Replicas that differ by more than
-    # rounding are off the SGD step as well, which every_replica_matches_one_sgd_step charges.
+    # rounding are off the SGD step as well, which every_replica_matches_one_sgd_step charges:
+    # no relation tells such a gap from a wrong step, so only a gap within rounding is this
+    # check's, and a larger one says see=.
     replicas = replicas_after(seen, 2)
     observe(
         changed(replicas, ctx.seed),
@@ -292,7 +398,8 @@ def replicas_stay_identical(seen, ctx):
 )
 def each_device_runs_its_replica_on_its_shard(seen, ctx):
     """With 8 examples over two devices, replica 0 runs 4 rows on the first device and
-    replica 1 runs 4 rows on the second: the work is split, not done by one device."""
+    replica 1 runs 4 rows on the second: the work is split, not done by one device.
+    Property: the work is shared out; against the reference split (torch.chunk's shards)."""
     wanted = sorted([str(d), 4, r] for r, d in enumerate(ctx.devices[:2]))
     got = sorted(seen["forwards"])
     if not got and seen.get("raised"):
@@ -314,7 +421,8 @@ def each_device_runs_its_replica_on_its_shard(seen, ctx):
 )
 def nothing_carries_over_between_steps(seen, ctx):
     """A second call takes the step a first call would take from the same weights: nothing
-    (a gradient left from the first step, say) carries over into the next."""
+    (a gradient left from the first step, say) carries over into the next. Property: steps
+    are independent; a relation: a second step in a row against the same step afresh."""
     # Whether a step is the right one is the other checks' concern.
     in_a_row, afresh = replicas_of(seen["in_a_row"], 2), replicas_of(seen["afresh"], 2)
     observe(

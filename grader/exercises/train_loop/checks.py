@@ -3,8 +3,11 @@
 The loop is checked twice. First on three tiny batches with `get_params`, `train_batch` and
 `lenet` replaced by recorders, so that its shape is judged on its own: epochs outside,
 minibatches inside, every step on every device's replica, evaluation on the first device, a
-plotted point and a summary line per run. Then for real on the embedded sample, with the
-functions it calls held right (see grader.api), where the accuracy must rise above chance.
+plotted point and a summary line per run. The recording `train_batch` moves every replica it
+gets by a mark (MARK), as a step moves the weights, so that what is evaluated is judged by
+its values, whatever route made the replicas (get_params, `.to`, a copy each epoch). Then
+for real on the embedded sample, with the functions it calls held right (see grader.api),
+where the accuracy must rise above chance.
 
 The loop runs for the book's ten epochs, the default of `num_epochs`: code moved from the
 book, which fixes `num_epochs = 10` in the function, runs the same. A call that raises
@@ -20,6 +23,7 @@ import torch
 
 import dplab
 from grader.api import (
+    N_,
     Fail,
     FirstBatches,
     RecordedBatches,
@@ -30,6 +34,7 @@ from grader.api import (
     check,
     error_hints,
     expect,
+    observe,
     quiet_plots,
     returned,
     sample_images,
@@ -42,6 +47,7 @@ SUMMARY = re.compile(
     r"|测试精度[:：]\s*(\d\.\d\d)\s*[,，]\s*(\d+\.\d)\s*秒/轮\s*[,，]\s*在\s*(\[.*\])"
 )
 EPOCHS = 10
+MARK = 0.01  # what the recording train_batch adds to every weight of every replica it gets
 
 
 def summary(printed: str) -> tuple[str, str, str] | None:
@@ -61,26 +67,78 @@ def tiny_batches() -> dict[str, list]:
     }
 
 
+def mark_of(params, start: torch.Tensor) -> float | None:
+    """Return how far the recording steps moved `params` (its first tensor's mean shift from
+    `start`), or None where it is not a list of LeNet's tensors."""
+    try:
+        first = params[0].detach().to("cpu")
+    except (TypeError, IndexError, KeyError, AttributeError):
+        return None
+    if not isinstance(first, torch.Tensor) or first.shape != start.shape:
+        return None
+    return float((first.double() - start.double()).mean())
+
+
+def homes(replica) -> list[str]:
+    """Return the devices a replica's tensors are on, once each, in order."""
+    found: list[str] = []
+    for t in replica if isinstance(replica, list | tuple) else []:
+        where = str(getattr(t, "device", "none"))
+        if where not in found:
+            found.append(where)
+    return found
+
+
 @case
 def recorded_run(student, ctx, num_epochs: int, num_devices: int) -> dict:
-    """Run train on three tiny batches, with get_params, train_batch and lenet recorded."""
+    """Run train on three tiny batches, with get_params, train_batch and lenet recorded; the
+    recording train_batch moves every replica it gets by MARK."""
     devices = ctx.devices[:num_devices]
     batches = tiny_batches()
+    params = dplab.lenet_params(seed=ctx.seed)
+    start = params[0].detach().clone()
     log: list = []
-    replicas: list[list] = []
+    replicas: list[list] = []  # every replica train_batch got, in the order first seen
 
     def get_params(params, device):
-        copy = [p.to(device) for p in params]
-        replicas.append(copy)
         log.append(("copy", str(device)))
-        return copy
+        return [p.to(device) for p in params]
 
     def train_batch(X, y, device_params, devices, lr):
-        used = [which_replica(replicas, r) for r in device_params]
-        log.append(("step", batch_name(batches, X), used, [str(d) for d in devices]))
+        used = []
+        for r in device_params:
+            number = which_replica(replicas, r)
+            if number < 0 and isinstance(r, list | tuple):
+                replicas.append(list(r))
+                number = len(replicas) - 1
+            used.append(number)
+        moved = set()
+        with torch.no_grad():
+            for r in device_params:
+                for t in r if isinstance(r, list | tuple) else []:
+                    if isinstance(t, torch.Tensor) and id(t) not in moved:
+                        moved.add(id(t))
+                        t.add_(MARK)
+        log.append(
+            (
+                "step",
+                batch_name(batches, X),
+                used,
+                [str(d) for d in devices],
+                [homes(r) for r in device_params],
+                mark_of(device_params[0], start) if len(device_params) else None,
+            )
+        )
 
     def lenet(X, params):
-        log.append(("forward", batch_name(batches, X), which_replica(replicas, params)))
+        log.append(
+            (
+                "forward",
+                batch_name(batches, X),
+                which_replica(replicas, params),
+                mark_of(params, start),
+            )
+        )
         return dplab.lenet(X, params)
 
     printed = io.StringIO()
@@ -94,7 +152,7 @@ def recorded_run(student, ctx, num_epochs: int, num_devices: int) -> dict:
             get_params=get_params,
             train_batch=train_batch,
             lenet=lenet,
-            params=dplab.lenet_params(seed=ctx.seed),
+            params=params,
         ),
         quiet_plots(student, log),
         contextlib.redirect_stdout(printed),
@@ -158,25 +216,27 @@ def learns_on_the_sample(student, ctx):
     """Ten epochs of 6 batches of 16 images from the embedded sample, lr 0.15, starting from
     weights of scale 0.1, which get going faster than the book's 0.01. The loop evaluates on
     20 test images (what it measures is only shown; the judge measures the trained replica
-    on 500). The reference reaches 0.42 to 0.67 this way over 36 seeds (chance is 0.10)."""
+    on 500). The reference reaches 0.42 to 0.67 this way over 36 seeds (chance is 0.10).
+    What is measured is the first replica of the last step, the weights the loop trained
+    last, whichever way it made or re-made its replicas."""
     data = dplab.data.embedded_sample()
     shuffled = dplab.Batches(
         data.train_images, data.train_labels, LEARNING_SIZE, shuffle=True, seed=ctx.seed
     )
     train_iter = FirstBatches(shuffled, LEARNING_BATCHES)
     test_iter = dplab.Batches(data.test_images[:20], data.test_labels[:20], 20)
-    made: list = []
-    real_get_params = student.get("get_params")
+    last: list = []
+    real_train_batch = student.get("train_batch")
 
-    def get_params(params, device):
-        made.append(real_get_params(params, device))
-        return made[-1]
+    def train_batch(X, y, device_params, devices, lr):
+        last[:] = [device_params]
+        return real_train_batch(X, y, device_params, devices, lr)
 
     log: list = []
     fn = student.fn
     with (
         student.replaced(
-            get_params=get_params, params=dplab.lenet_params(scale=0.1, seed=ctx.seed)
+            train_batch=train_batch, params=dplab.lenet_params(scale=0.1, seed=ctx.seed)
         ),
         quiet_plots(student, log),
         contextlib.redirect_stdout(io.StringIO()),
@@ -190,7 +250,8 @@ def learns_on_the_sample(student, ctx):
             data=(train_iter, test_iter),
             devices=ctx.devices[:2],
         )
-    return {"raised": call["raised"], "first_replica": made[0] if made else None}
+    trained = last[0][0] if last and len(last[0]) else None
+    return {"raised": call["raised"], "last_replica": list(trained) if trained else None}
 
 
 @check(
@@ -200,7 +261,8 @@ def learns_on_the_sample(student, ctx):
     "for epoch in range(num_epochs): for X, y in train_iter: train_batch(...).",
 )
 def visits_every_batch_once_per_epoch(seen, ctx):
-    """With 3 batches and 10 epochs, train_batch sees batches 0, 1, 2 in every epoch."""
+    """With 3 batches and 10 epochs, train_batch sees batches 0, 1, 2 in every epoch.
+    Property: the loops' order; against the reference (batches 0, 1, 2 in every epoch)."""
     wanted = [f"train {i}" for i in range(3)] * EPOCHS
     got = steps(seen)
     if got != wanted and sorted(got) == sorted(wanted) and got == sorted(got):
@@ -226,35 +288,33 @@ def visits_every_batch_once_per_epoch(seen, ctx):
 @check(
     ten_epochs_on_tiny_batches,
     points=1,
-    hint="Copy the parameters to every device once, before training, "
+    hint="Give every device its own copy of the parameters, "
     "device_params = [get_params(params, d) for d in devices], and hand train_batch all of "
     "them with all the devices: train_batch(X, y, device_params, devices, lr).",
 )
 def every_step_uses_every_devices_replica(seen, ctx):
-    """Each call of train_batch gets one replica per device, made by get_params on that
-    device, and the list of all the devices: no device sits idle."""
+    """Each call of train_batch gets the list of all the devices and one replica per device,
+    each on its own device and none shared: no device sits idle. Property: every step uses
+    every device; against the devices given (however the replicas were made)."""
     devices = [str(d) for d in ctx.devices[:2]]
-    copies = [e[1] for e in seen["log"] if e[0] == "copy"]
-    expect(
-        copies == devices,
-        _(
-            "get_params copied the parameters to {copies}, expected once to each of {devices}"
-        ).format(copies=copies, devices=devices),
+    observe(
+        any(e[0] == "step" for e in seen["log"]),
+        "visits_every_batch_once_per_epoch",
+        N_("train_batch was never called: there is no step to judge"),
     )
     for e in seen["log"]:
         if e[0] == "step":
+            used, got_devices, where = e[2], e[3], e[4]
             expect(
-                e[2] == list(range(len(devices))) and e[3] == devices,
+                got_devices == devices
+                and len(used) == len(devices)
+                and len(set(used)) == len(used)
+                and where == [[d] for d in devices],
                 _(
-                    "train_batch got the replicas {got} and the devices {got_devices}; expected "
-                    "the replicas {replicas} (one per device) and {devices}: every device trains "
-                    "on its share of each minibatch"
-                ).format(
-                    got=e[2],
-                    got_devices=e[3],
-                    replicas=list(range(len(devices))),
-                    devices=devices,
-                ),
+                    "train_batch got {count} replica(s) on {where} and the devices "
+                    "{got_devices}; expected one replica of its own on each of {devices}: "
+                    "every device trains on its share of each minibatch"
+                ).format(count=len(used), where=where, got_devices=got_devices, devices=devices),
             )
 
 
@@ -267,19 +327,22 @@ def every_step_uses_every_devices_replica(seen, ctx):
 )
 def evaluates_a_trained_replica_after_each_epoch(seen, ctx):
     """After each epoch's minibatches, every test batch goes through LeNet with a replica that
-    train_batch updates: the replicas are equal, so the book's first one stands for them all."""
+    train_batch updates: the replicas are equal, so the book's first one stands for them all.
+    Property: the model evaluated is the one being trained; a relation: the weights evaluated
+    against those the last step left (by value, so a copy of a replica counts)."""
     # Evaluations in the number of epochs asked for, in a loop whose epochs are wrong, are
     # visits_every_batch_once_per_epoch's cause.
-    tests = [e for e in seen["log"] if e[0] == "forward" and e[1].startswith("test")]
+    log = seen["log"]
+    tests = [e for e in log if e[0] == "forward" and e[1].startswith("test")]
     expect(tests, _("the test batches never went through LeNet: evaluate after each epoch"))
     expect(
-        all(e[2] >= 0 for e in tests),
+        all(e[3] is not None and abs(e[3] - trained_mark(log, e)) < MARK / 10 for e in tests),
         _(
             "the test batches ran with parameters that are none of the replicas train_batch "
             "updates, so the accuracy is not that of the model being trained"
         ),
     )
-    evaluations = sum(1 for e in seen["log"] if tuple(e) == ("pass", "test"))
+    evaluations = sum(1 for e in log if tuple(e) == ("pass", "test"))
     wrong_loop = evaluations == EPOCHS and epochs_run(seen) != EPOCHS
     see = "visits_every_batch_once_per_epoch" if wrong_loop else None
     for number, epoch in enumerate(epochs_of(seen), start=1):
@@ -300,6 +363,18 @@ def evaluates_a_trained_replica_after_each_epoch(seen, ctx):
         )
 
 
+def trained_mark(log: list, forward: tuple) -> float:
+    """Return how far the last step before `forward` left the replica it trained on the
+    first device (0.0 before any step): the weights an evaluation then should use."""
+    mark = 0.0
+    for e in log:
+        if e is forward:
+            break
+        if e[0] == "step" and e[5] is not None:
+            mark = e[5]
+    return mark
+
+
 @check(
     ten_epochs_on_tiny_batches,
     points=1,
@@ -307,7 +382,8 @@ def evaluates_a_trained_replica_after_each_epoch(seen, ctx):
     "animator.add(epoch + 1, (test_acc,)) once per epoch.",
 )
 def plots_the_test_accuracy_each_epoch(seen, ctx):
-    """The Animator gets one point per epoch, at x = 1, 2, ..., with an accuracy in [0, 1]."""
+    """The Animator gets one point per epoch, at x = 1, 2, ..., with an accuracy in [0, 1].
+    Property: the plot; against the reference (one point per epoch)."""
     # Per epoch asked for, or per epoch the loop ran where that is wrong (the epochs' cause).
     points = [e for e in seen["log"] if e[0] == "plot"]
     xs = [float(p[1]) for p in points if isinstance(p[1], int | float)]
@@ -333,7 +409,8 @@ def plots_the_test_accuracy_each_epoch(seen, ctx):
 )
 def prints_the_summary_line(seen, ctx):
     """It prints `test acc: 0.xx, y.y sec/epoch on [devices]` (or the Chinese edition's
-    `测试精度：0.xx，y.y秒/轮，在[devices]`) with the devices it used."""
+    `测试精度：0.xx，y.y秒/轮，在[devices]`) with the devices it used.
+    Property: the summary line; against the reference (the book's line)."""
     found = summary(seen["printed"])
     printed = seen["printed"].strip().splitlines()[-3:]
     expect(
@@ -358,7 +435,9 @@ def prints_the_summary_line(seen, ctx):
     hint="Return the test accuracies, one per epoch (animator.Y[0] holds them).",
 )
 def returns_the_accuracy_history(seen, ctx):
-    """It returns a list of one test accuracy per epoch, ending with the printed one."""
+    """It returns a list of one test accuracy per epoch, ending with the printed one.
+    Property: the history returned; against the reference (one per epoch), and a relation: its
+    last value against the printed one."""
     # Per epoch asked for, or per epoch the loop ran where that is wrong (the epochs' cause).
     expect_history(seen, EPOCHS, epoch_counts(seen))
 
@@ -388,16 +467,17 @@ def expect_history(seen: dict, epochs: int, counts: set[int] | None = None) -> N
 @check(
     learns_on_the_sample,
     points=1,
-    hint="The loop must call train_batch on every minibatch with the replicas from "
-    "get_params, and evaluate the first of them.",
+    hint="The loop must call train_batch on every minibatch with the replicas, keep training "
+    "the same weights from one epoch to the next, and evaluate the first replica.",
 )
 def accuracy_rises_above_chance(seen, ctx):
-    """After ten short epochs on the sample, the first replica classifies at least 30% of
-    test images correctly (chance is 10%); the grader measures it itself."""
-    params = seen["first_replica"]
+    """After ten short epochs on the sample, the replica the last step trained on the first
+    device classifies at least 30% of test images correctly (chance is 10%); the grader
+    measures it itself. Property: the loop trains; against a known bar (chance is 0.10)."""
+    params = seen["last_replica"]
     expect(
         isinstance(params, list) and len(params) == 8,
-        _("get_params was never called, so there is no trained model to measure"),
+        _("train_batch was never called with a replica, so there is no trained model to measure"),
     )
     X, y = sample_images(500, split="test")
     with torch.no_grad():

@@ -1,20 +1,22 @@
-"""Hidden checks of `train_batch`: four replicas judged against the reference solution."""
+"""Hidden checks of `train_batch`: four replicas judged against the code's own two."""
 
 import torch
 
-from grader.api import N_, Fail, _, check, expect_close, random_batch, seeded
+from grader.api import N_, _, check, observe
 from grader.exercises.train_batch.checks import (
-    LR,
-    NAMES,
-    diagnosis,
-    random_steps,
+    changed,
+    device_count_shows_on_even_shards,
+    expect_own_step,
+    own_steps,
     replicas_after,
-    slipped,
     start,
 )
 
-four_replicas = random_steps.using(
-    "four_replicas", "One step on 10 random examples over four devices (3, 3, 3 and 1).", n=10, k=4
+four_devices = own_steps.using(
+    "four_devices",
+    "One step on 12 random examples over four devices (3 each), the same over two devices "
+    "(6 each), and the same on one device.",
+    runs=((12, 4), (12, 2), (12, 1)),
 )
 
 
@@ -37,32 +39,34 @@ def devices_left_out(seen, replicas, seed: int) -> list[int]:
 
 
 @check(
-    four_replicas,
+    four_devices,
     points=2,
-    hint="With four devices and shards of 3, 3, 3 and 1, the step must still be one SGD step "
-    "on the whole batch: look for what depends on the number of devices or on a shard's size.",
+    hint="With four devices the step must be the one your code takes on two devices with the "
+    "same batch: look for what is fixed to two devices (range(2), devices[:2], [0, 1]).",
 )
-def matches_the_reference_on_four_devices(seen, ctx):
-    """Property: the step on more than two devices. With four replicas, every replica equals
-    the reference train_batch's. Compares with the reference. The loop over all devices is
-    hinted at only where a replica ran no forward pass, or kept its weights while the others
-    moved."""
-    # A known mistake that shows on two devices as well is every_replica_matches_one_sgd_
-    # step's, which it names; one that shows only with four devices (a loop over two) is
-    # this check's.
-    replicas = replicas_after(seen, 4)
-    devices = [torch.device("cpu")] * 4
-    wanted = [[t.requires_grad_() for t in start(ctx.seed)] for _ in devices]
-    X, y = random_batch(seeded(ctx.seed), 10)
-    ctx.reference["train_batch"](X, y, wanted, devices, LR)
-    for r, (got, want) in enumerate(zip(replicas, wanted, strict=True)):
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            what = _("{name} on device {r}").format(name=NAMES[i], r=r)
-            try:
-                expect_close(a, b.detach(), what, rtol=1e-4, atol=1e-6)
-            except Fail as fail:
-                known = diagnosis(replicas, ctx.seed, 10, 4)
-                owner = "every_replica_matches_one_sgd_step" if slipped(known) else None
-                if known is None and devices_left_out(seen, replicas, ctx.seed):
-                    known = _(ALL_DEVICES_HINT)
-                raise Fail(fail.message, known, owner) from None
+def four_devices_step_as_two_do(seen, ctx):
+    """Property: the step on more than two devices. With 12 examples over four devices,
+    every replica takes the step the code itself takes over two devices with the same batch;
+    a relation: the code against itself, blind to a step that is wrong on two devices too.
+    The loop over all devices is hinted at only where a replica ran no forward pass, or
+    kept its weights while the others moved."""
+    four, two, one = seen["runs"]
+    replicas = replicas_after(four, 4)
+    base = replicas_after(two, 2)
+    observe(
+        changed(replicas, ctx.seed) or changed(base, ctx.seed),
+        "every_replica_matches_one_sgd_step",
+        N_("the step left every replica as it was: there is no update to compare"),
+    )
+    # Shards are even here, so that a step wrong only on unequal shards is the uneven
+    # check's. A step that depends on the number of devices shows on two devices against
+    # one as well, and no relation between four devices and two tells it from a loop fixed
+    # to two: where the code's own two devices already differ from its one, the reference
+    # check owns the cause (see=).
+    owner = (
+        "every_replica_matches_one_sgd_step"
+        if device_count_shows_on_even_shards([two, one], ctx.seed)
+        else None
+    )
+    hint = _(ALL_DEVICES_HINT) if devices_left_out(four, replicas, ctx.seed) else None
+    expect_own_step(replicas, base, ctx.seed, 2, hint, owner)

@@ -60,9 +60,38 @@ updates_only_two_replicas = Mistake(
         RIGHT,
         UPDATE="    for param in device_params[:2]:\n        d2l.sgd(param, lr, X.shape[0])",
     ),
-    fails="matches_the_reference_on_four_devices",
+    fails="four_devices_step_as_two_do",
     hint_mentions="Loop over all devices, not just two",
     seen_in="a loop written for the book's two GPUs",
+)
+
+averages_the_per_device_means = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        REDUCTION="mean",
+        UPDATE="    for param in device_params:\n        d2l.sgd(param, lr, len(devices))",
+    ),
+    fails="uneven_split_steps_as_one_device_does",
+    hint_mentions="right only when the shards are equal",
+    hints_never=("not just two",),
+    seen_in="DistributedDataParallel's habit: each device's mean loss, gradients averaged over "
+    "the devices; right on equal shards only",
+)
+
+sums_over_two_devices = Mistake(
+    source=variant(
+        BOOK,
+        RIGHT,
+        ALL_REDUCE=(
+            "    with torch.no_grad():\n        for i in range(len(device_params[0])):\n"
+            "            allreduce([device_params[c][i].grad for c in range(2)])"
+        ),
+    ),
+    fails="four_devices_step_as_two_do",
+    hint_mentions="fixed to two devices",
+    hints_never=("not just two",),
+    seen_in="a loop written for the book's two GPUs, in the all-reduce only",
 )
 
 never_zeroes_the_gradients = Mistake(

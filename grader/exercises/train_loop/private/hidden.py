@@ -17,11 +17,12 @@ one_device = recorded_run.using(
     hint="Use the devices you are given, however many: nothing about two devices is fixed.",
 )
 def works_with_a_single_device(seen, ctx):
-    """With one device, every step trains that device's one replica on every batch."""
+    """With one device, every step trains one replica on that device on every batch.
+    Property: the loop works with any number of devices; against the device given."""
     # Steps in another order or number are visits_every_batch_once_per_epoch's cause.
     device = [str(ctx.devices[0])]
-    got = [(e[1], e[2], e[3]) for e in seen["log"] if e[0] == "step"]
-    wanted = [(f"train {i}", [0], device) for i in range(3)] * EPOCHS
+    got = [(e[1], len(e[2]), e[3], e[4]) for e in seen["log"] if e[0] == "step"]
+    wanted = [(f"train {i}", 1, device, [device]) for i in range(3)] * EPOCHS
     batches = [g[0] for g in got]
     loop_slip = bool(batches) and all(b.startswith("train ") for b in batches)
     expect(
@@ -35,7 +36,8 @@ def works_with_a_single_device(seen, ctx):
     expect(
         got == wanted,
         _(
-            "with one device, train_batch got (batch, replicas, devices) {got}..., "
+            "with one device, train_batch got (batch, replicas, devices, where the replicas "
+            "are) {got}..., "
             "expected {wanted}... in each of {epochs} epochs"
         ).format(got=got[:3], wanted=wanted[:3], epochs=EPOCHS),
     )

@@ -93,3 +93,13 @@ no_summary_line = Mistake(
     fails="prints_the_summary_line",
     hint_mentions="sec/epoch on",
 )
+
+restarts_from_the_initial_weights_each_epoch = Mistake(
+    source=variant(BOOK, RIGHT).replace(
+        "        timer.start()\n",
+        "        timer.start()\n        device_params = [get_params(params, d) for d in devices]\n",
+    ),
+    fails="accuracy_rises_above_chance",
+    hint_mentions="keep training the same weights from one epoch to the next",
+    seen_in="the copies made inside the epoch loop, from params: each epoch starts afresh",
+)
