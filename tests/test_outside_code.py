@@ -90,10 +90,6 @@ SLIPS = {
 # Submissions whose fair grade (SLIPS above) the grader does not give yet: each reason names
 # the checks that charge them unfairly. Remove an entry once the grader gives the fair grade.
 UNFAIR = {
-    "uvadlc_lightning": "train_dataparallel: a LightningModule holding the net, wrapped in "
-    "nn.DataParallel, is 'never wrapped' (the wrap is matched by module identity): "
-    "wraps_the_net_in_data_parallel_on_the_given_devices, moves_the_net_to_the_first_device, "
-    "loss_falls_on_a_small_fixed_batch and training_matches_plain_sgd all fail",
     "fairscale_fsdp": "reduce_scatter, all_gather: a ring of dist.batch_isend_irecv P2POps is "
     "recorded as sending to [None], failing exchanges_one_chunk_per_step_with_its_neighbours",
 }

@@ -78,8 +78,9 @@ def as_device_name(d, devices: list[torch.device]) -> str:
 
 class TrainingRecord:
     """What a training run records of the tiny network `net`: each nn.DataParallel wrapping,
-    where its parameters were at its first forward pass, each forward pass in `log` (with
-    the passes over the data and the epochs), and what the student's code printed."""
+    where its parameters were and what they held at its first forward pass, each forward
+    pass in `log` (with the passes over the data and the epochs), and what the student's
+    code printed."""
 
     def __init__(
         self, net: nn.Module, devices: list[torch.device], batches: dict[str, list]
@@ -90,23 +91,27 @@ class TrainingRecord:
         self.log: list = []
         self.wraps: list = []
         self.started: list = []  # the devices of the parameters at the network's first forward pass
+        self.start: list = []  # and the network's weights then, where its training starts
         self.printed = io.StringIO()
 
     def note_start(self) -> None:
-        """Note where the network's parameters are, at its first forward pass only."""
+        """Note where the network's parameters are, and its weights, at its first forward pass
+        only (through the network itself or a replica made of it)."""
         if not self.started:
             self.started.append(sorted({str(p.device) for p in self.net.parameters()}))
+            self.start.append(state(self.net))
 
     def note_wrap(self, module: nn.Module, device_ids: list | None) -> None:
-        """Note a wrapping of `module` in nn.DataParallel, before nn.DataParallel looks."""
+        """Note a wrapping of `module` in nn.DataParallel, before nn.DataParallel looks: of the
+        network, or of a module that holds it (a LightningModule, a model class of the code's
+        own), whose minibatches the network runs split all the same."""
         self.wraps.append(
             {
-                "is_the_net": module is self.net,
+                "is_the_net": any(m is self.net for m in module.modules()),
                 "device_ids": None
                 if device_ids is None
                 else [as_device_name(d, self.devices) for d in device_ids],
                 "devices_of_parameters": sorted({str(p.device) for p in module.parameters()}),
-                "state": state(module),
             }
         )
 
@@ -117,8 +122,10 @@ class TrainingRecord:
         # record along with a copy of the network; a function it shares, so the copy logs here.
         def note_forward(module: nn.Module, inputs: tuple) -> None:
             X = inputs[0]
-            if module is self.net:  # the network itself, not a replica nn.DataParallel made
-                self.note_start()
+            # The network itself, or a replica made of it (nn.DataParallel notes the start
+            # before its replicas run; PyTorch's functional nn.parallel.data_parallel and
+            # nn.parallel.replicate run only replicas, whose weights are the network's now).
+            self.note_start()
             self.log.append(
                 ("forward", bool(module.training), batch_name(self.batches, X), str(X.device))
             )
@@ -160,6 +167,7 @@ class TrainingRecord:
             "devices": [str(d) for d in self.devices],
             "wraps": self.wraps,
             "started_on": self.started[0] if self.started else None,
+            "start": self.start[0] if self.start else None,
             "log": self.log,
             "final": state(self.net),
             "printed": self.printed.getvalue(),
@@ -219,6 +227,15 @@ def loss_of(weights: dict, batch_norm: bool = True) -> float:
         return float(nn.functional.cross_entropy(net(X), y))
 
 
+def the_start(seen: dict) -> dict:
+    """Return the network's weights at its first forward pass, where its training starts
+    (after the initialisation, wherever the code wraps it), or fail."""
+    if seen["start"] is None:
+        returned(seen)  # the call raised before any minibatch: its error is what there is
+        raise Fail(_("no minibatch went through the network"))
+    return seen["start"]
+
+
 def the_wrap(seen: dict) -> dict:
     """Return the one nn.DataParallel wrapping of the network, or fail."""
     mine = [w for w in seen["wraps"] if w["is_the_net"]]
@@ -269,7 +286,8 @@ devices_in_the_other_order = training_run.using(
 )
 def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
     """The network is wrapped once in nn.DataParallel, with exactly the devices given, in
-    the order given."""
+    the order given.
+    Property: the wrapping; against the reference (the devices given, in order)."""
     wrap = the_wrap(seen)
     expect(
         wrap["device_ids"] == seen["devices"],
@@ -287,7 +305,8 @@ def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
 )
 def moves_the_net_to_the_first_device(seen, ctx):
     """Handed a network on the CPU, it has every parameter on the first device when the first
-    minibatch goes through nn.DataParallel, moved there before wrapping or after."""
+    minibatch goes through nn.DataParallel, moved there before wrapping or after.
+    Property: where the network is; against the reference (the first device)."""
     started = seen["started_on"]
     if started is None:
         returned(seen)  # the call raised before any minibatch: its error is what there is
@@ -308,7 +327,8 @@ def moves_the_net_to_the_first_device(seen, ctx):
     "nn.init.normal_(m.weight, std=0.01).",
 )
 def initialises_weights_with_std_0_01(seen, ctx):
-    """The weights of every Conv2d and Linear layer are drawn with mean 0 and std 0.01."""
+    """The weights of every Conv2d and Linear layer are drawn with mean 0 and std 0.01.
+    Property: the initialisation; against the reference (mean 0, std 0.01)."""
     for name in ("0.weight", "5.weight"):
         w = seen["final"][name].value
         expect(
@@ -326,8 +346,10 @@ def initialises_weights_with_std_0_01(seen, ctx):
     "of net(X), call backward, then step the optimizer.",
 )
 def loss_falls_on_a_small_fixed_batch(seen, ctx):
-    """After ten epochs the training loss is lower than it was right after initialisation."""
-    before = loss_of(the_wrap(seen)["state"])
+    """After ten epochs the training loss is lower than it was right after initialisation
+    (the weights of the first forward pass): a relation of the code's run with itself, blind
+    to how the network was wrapped, which the wrapping check judges."""
+    before = loss_of(the_start(seen))
     after = loss_of(seen["final"])
     expect(
         after < 0.98 * before,
@@ -345,7 +367,9 @@ def loss_falls_on_a_small_fixed_batch(seen, ctx):
     "network inside it: the wrapper is what splits the minibatch across the devices.",
 )
 def every_minibatch_is_split_across_the_devices(seen, ctx):
-    """Every training minibatch runs in parts on both devices: no device sits idle."""
+    """Every training minibatch runs in parts on both devices: no device sits idle.
+    Property: every device works; against the reference (each minibatch in parts on both
+    devices)."""
     ran_on: dict[str, set[str]] = {}
     for e in seen["log"]:
         if e[0] == "forward" and e[2].startswith("train"):
@@ -368,7 +392,8 @@ def every_minibatch_is_split_across_the_devices(seen, ctx):
     "eval mode, and call net.train() at the start of every epoch.",
 )
 def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
-    """Training batches run in training mode, and the test batch runs in eval mode each epoch."""
+    """Training batches run in training mode, and the test batch runs in eval mode each epoch.
+    Property: the modes; against the reference (training mode, then eval mode)."""
     forwards = [e for e in seen["log"] if e[0] == "forward"]
     train = [e for e in forwards if e[2].startswith("train")]
     test = [e for e in forwards if e[2].startswith("test")]
@@ -401,7 +426,9 @@ def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
     hint="Return the test accuracies, one per epoch (animator.Y[0] holds them).",
 )
 def returns_the_accuracy_history(seen, ctx):
-    """It returns a list of one test accuracy per epoch, ending with the printed one."""
+    """It returns a list of one test accuracy per epoch, ending with the printed one.
+    Property: the history returned; against the reference (one per epoch), and a relation: its
+    last value against the printed one."""
     passes = sum(1 for e in seen["log"] if tuple(e) == ("pass", "train"))
     expect_history(seen, EPOCHS, {EPOCHS, passes})
 

@@ -7,7 +7,7 @@ from grader.api import _, check, expect, expect_close, sgd_step
 from grader.exercises.train_dataparallel.checks import (
     EPOCHS,
     LR,
-    the_wrap,
+    the_start,
     tiny_batches,
     tiny_net,
     training_run,
@@ -29,8 +29,9 @@ ten_epochs_without_batch_norm = training_run.using(
     "zero the gradients before each backward, and step once per minibatch.",
 )
 def training_matches_plain_sgd(seen, ctx):
-    """From the weights it was wrapped with, training gives what plain minibatch SGD gives."""
-    start = {k: v.value for k, v in the_wrap(seen)["state"].items()}
+    """From the weights of its first forward pass, training gives what plain minibatch SGD
+    gives (whether and how the network was wrapped is the wrapping check's)."""
+    start = {k: v.value for k, v in the_start(seen).items()}
     net = tiny_net(0, batch_norm=False)
     net.load_state_dict(start)
     for _epoch in range(EPOCHS):
@@ -55,7 +56,8 @@ def training_matches_plain_sgd(seen, ctx):
     "on {str(devices)}').",
 )
 def prints_the_summary_line(seen, ctx):
-    """It prints the book's summary line (either edition's) with the devices it trained on."""
+    """It prints the book's summary line (either edition's) with the devices it trained on.
+    Property: the summary line; against the reference (the book's line)."""
     found = summary(seen["printed"])
     expect(
         found is not None,
