@@ -89,10 +89,7 @@ SLIPS = {
 }
 # Submissions whose fair grade (SLIPS above) the grader does not give yet: each reason names
 # the checks that charge them unfairly. Remove an entry once the grader gives the fair grade.
-UNFAIR = {
-    "fairscale_fsdp": "reduce_scatter, all_gather: a ring of dist.batch_isend_irecv P2POps is "
-    "recorded as sending to [None], failing exchanges_one_chunk_per_step_with_its_neighbours",
-}
+UNFAIR: dict[str, str] = {}
 BOOK = ("d2l_zh_2_0", "d2l_en_1_0")
 # The submissions graded with DPLAB_DEVICES=cpu as well: those of the first two notebooks,
 # and the sharded notebook's (whose issue asks for it, though its ranks compute on the CPU

@@ -1140,21 +1140,7 @@ ROUTES: dict[str, dict[str, str]] = {
 
 # Routes a grader bug still charges, each with the check it loses and why: the owner of the
 # exercise fixes the check, and the strict xfail then tells to lift the mark.
-RECORDED_WITHOUT_PEER = (
-    "{check}: grader/ranks/recording.py reads the peer of isend/irecv from `dst`/`src` only; "
-    "dist.batch_isend_irecv calls them with `group_dst`/`group_src`, so the ring's sends and "
-    "receives are recorded as going to None ('sent to [None] and received from [None]')"
-)
 KNOWN_CHARGES: dict[tuple[str, str], str] = {
-    ("ring_allreduce", "batch_isend_irecv"): RECORDED_WITHOUT_PEER.format(
-        check="talks_only_to_its_ring_neighbours"
-    ),
-    ("reduce_scatter", "batch_isend_irecv"): RECORDED_WITHOUT_PEER.format(
-        check="exchanges_one_chunk_per_step_with_its_neighbours"
-    ),
-    ("all_gather", "batch_isend_irecv"): RECORDED_WITHOUT_PEER.format(
-        check="exchanges_one_chunk_per_step_with_its_neighbours"
-    ),
     ("train_batch", "torch_func_grad"): "each_device_runs_its_replica_on_its_shard: the "
     "forwards read ['cpu', 4, -1]: grader/base/fixtures.py's which_replica matches a replica "
     "by object identity, and torch.func.grad hands lenet wrappers of the replica's tensors; "

@@ -48,12 +48,29 @@ def _describe_call(name: str, args: tuple, kwargs: dict, describe: Callable | No
         if describe is not None:
             record.update(describe(name, tensor) or {})
     if name in PEER:
-        peer = args[1] if len(args) > 1 else kwargs.get(PEER[name])
-        record["peer"] = int(peer) if isinstance(peer, int) else None
+        record["peer"] = _peer(name, args, kwargs)
     if name == "all_reduce":
         op = args[1] if len(args) > 1 else kwargs.get("op", dist.ReduceOp.SUM)
         record["op"] = str(op).rpartition(".")[2]
     return record
+
+
+def _peer(name: str, args: tuple, kwargs: dict) -> int | None:
+    """The global rank a point-to-point call talks to, given as `dst`/`src` or, as
+    `dist.batch_isend_irecv` passes it, as a rank in the call's group (`group_dst`)."""
+    peer = args[1] if len(args) > 1 else kwargs.get(PEER[name])
+    if isinstance(peer, int):
+        return int(peer)
+    in_group = kwargs.get(f"group_{PEER[name]}")
+    if not isinstance(in_group, int):
+        return None
+    group = args[2] if len(args) > 2 else kwargs.get("group")
+    if group is None or group is distributed_c10d.GroupMember.WORLD:
+        return in_group
+    try:
+        return distributed_c10d.get_global_rank(group, in_group)
+    except (RuntimeError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
