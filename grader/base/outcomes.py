@@ -2,7 +2,8 @@
 
 import functools
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +159,18 @@ class Crash(Exception):
         self.every_call = every_call
         self.calls = calls
         self.see = see  # the check that charges for this error, where it does (as Fail's)
+
+
+@contextmanager
+def charged_by(check: str) -> Iterator[None]:
+    """Name `check` as the one that charges any failure raised inside that names no other:
+    a second check whose failures have the cause `check` judges against the reference keeps
+    its points where `check` fails too (see Fail's `see`)."""
+    try:
+        yield
+    except (Fail, Crash) as failure:
+        failure.see = failure.see or check
+        raise
 
 
 def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:

@@ -340,11 +340,14 @@ def paid_once(judged: list[Verdict]) -> None:
     that saw nothing (not judged, or every call raised) charges for nothing."""
     failed = {v.result.name: v for v in judged if not v.result.passed and v.observed}
 
-    def charging(name: str | None, hops: int = 0) -> str | None:
-        v = failed.get(name or "")
-        if v is None or hops > len(failed):
-            return None
-        return name if v.see is None else charging(v.see, hops + 1)
+    def charging(name: str | None) -> str | None:
+        """Return the last failed check of the chain of `see`s from `name` (a chain that
+        ends at a check that passed ends with the one before it), or None in a loop."""
+        chain: list[str] = []
+        while name in failed and name not in chain:
+            chain.append(name)
+            name = failed[name].see
+        return None if name in chain or not chain else chain[-1]
 
     owners = {id(v): charging(v.see) for v in judged if v.see is not None}
     for v in judged:

@@ -22,6 +22,7 @@ from grader.api import (
     _,
     apart,
     case,
+    charged_by,
     check,
     error_hints,
     expect,
@@ -32,6 +33,7 @@ from grader.api import (
     recording_calls,
 )
 
+MEAN = "gradients_are_the_mean_over_ranks"  # the one check of the means against the reference
 BATCH = 24  # the global batch: 2, 3 and 4 ranks get equal shards of it
 MEAN_HINT = N_(
     "For each parameter with a gradient: dist.all_reduce(param.grad) sums it over the ranks, "
@@ -245,7 +247,9 @@ def expect_mean_gradients(seen: list[dict], ctx, frozen: bool = False) -> None:
 
 @check(gradients_of_a_shard, points=4, hint=MEAN_HINT)
 def gradients_are_the_mean_over_ranks(seen, ctx):
-    """Every rank ends with the gradients of one process that ran the whole batch."""
+    """Every rank ends with the gradients of one process that ran the whole batch.
+    Property: the mean gradients; against the reference (one process's gradients on the whole
+    batch)."""
     expect_mean_gradients(seen, ctx)
 
 
@@ -256,8 +260,11 @@ def gradients_are_the_mean_over_ranks(seen, ctx):
     "Skip it (if param.grad is not None), as DDP does, and average the others.",
 )
 def skips_frozen_parameters(seen, ctx):
-    """With the first layer frozen, its gradients stay None and the others are averaged."""
-    expect_mean_gradients(seen, ctx, frozen=True)
+    """With the first layer frozen, its gradients stay None and the others are averaged.
+    Property: frozen parameters are skipped; against the reference (None for the frozen layer, one
+    process's whole-batch gradients for the others)."""
+    with charged_by(MEAN):  # means wrong with or without a frozen layer: charged there
+        expect_mean_gradients(seen, ctx, frozen=True)
     for n, ranks in groups_finished(seen):
         for rank, result in enumerate(ranks):
             for i in (0, 1):
@@ -275,11 +282,17 @@ def skips_frozen_parameters(seen, ctx):
     points=1,
     hint="Call dist.all_reduce once per parameter, on param.grad itself: this is the naive "
     "version that the bucketed exercise improves on.",
-    after="gradients_are_the_mean_over_ranks",
-    because="the calls show the naive scheme only in code that averages the gradients",
 )
 def one_all_reduce_per_parameter(seen, ctx):
-    """One dist.all_reduce per parameter, each on that parameter's gradient."""
+    """One dist.all_reduce per parameter, each on that parameter's gradient.
+    Property: one all_reduce per gradient; against the reference (the exercise's rule, read from the
+    recorded calls: one call on each parameter's gradient)."""
+    with charged_by(MEAN):  # calls on the weights or on copies also make the means wrong
+        expect_one_call_per_gradient(seen)
+
+
+def expect_one_call_per_gradient(seen: list[dict]) -> None:
+    """Fail unless every rank called all_reduce once on each parameter's gradient."""
     for n, ranks in groups_finished(seen):
         for rank, result in enumerate(ranks):
             reduced = [c for c in result["calls"] if c["name"] == "all_reduce"]

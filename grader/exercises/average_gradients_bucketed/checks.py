@@ -7,7 +7,7 @@ and one of about 4 KiB, which cuts it into three. The checks compare the gradien
 process on the whole batch, count the all_reduce calls, and read what each bucket held.
 """
 
-from grader.api import N_, Fail, _, check, expect, groups_finished
+from grader.api import N_, Fail, _, charged_by, check, expect, groups_finished
 from grader.exercises.average_gradients.checks import (
     UNCHANGED_HINT,
     expect_mean_gradients,
@@ -16,6 +16,8 @@ from grader.exercises.average_gradients.checks import (
     plain,
 )
 
+MEAN = "gradients_are_the_mean_over_ranks"  # the means against the reference
+SMALL_MEAN = "gradients_are_the_mean_with_small_buckets"
 SMALL_MB = 0.004  # 4,194 bytes: the checks' network falls into three buckets
 BUCKET_HINT = N_(
     "Walk the parameters in reverse order, adding each gradient to the current bucket until "
@@ -94,14 +96,19 @@ def expect_mean_with_buckets(seen, ctx, frozen: bool = False) -> None:
 
 @check(default_buckets, points=3, hint=BUCKET_HINT)
 def gradients_are_the_mean_over_ranks(seen, ctx):
-    """With the default buckets, every rank ends with one process's whole-batch gradients."""
+    """With the default buckets, every rank ends with one process's whole-batch gradients.
+    Property: the mean gradients; against the reference (one process's gradients on the whole
+    batch)."""
     expect_mean_with_buckets(seen, ctx)
 
 
 @check(small_buckets, points=2, hint=BUCKET_HINT)
 def gradients_are_the_mean_with_small_buckets(seen, ctx):
-    """With buckets of about 4 KiB (three of them), the gradients are the same means."""
-    expect_mean_with_buckets(seen, ctx)
+    """With buckets of about 4 KiB (three of them), the gradients are the same means.
+    Property: the mean gradients over several buckets; against the reference (one process's
+    gradients on the whole batch)."""
+    with charged_by(MEAN):  # wrong with one bucket too: charged there
+        expect_mean_with_buckets(seen, ctx)
 
 
 @check(
@@ -109,13 +116,25 @@ def gradients_are_the_mean_with_small_buckets(seen, ctx):
     points=2,
     hint="Make one all_reduce per bucket, of the bucket's gradients flattened into one tensor "
     "(torch.cat), not one per parameter.",
-    after="gradients_are_the_mean_with_small_buckets",
-    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def one_all_reduce_per_bucket(seen, ctx):
-    """As many all_reduce calls as there are buckets: 1 by default, 3 with small buckets."""
+    """As many all_reduce calls as there are buckets: 1 by default, 3 with small buckets.
+    Property: one all_reduce per bucket; against the reference (the three buckets that
+    bucket_mb=0.004 makes, counted in the recorded calls)."""
+    expect_one_call_per_bucket(seen)
+
+
+def over_the_limit(result: dict) -> bool:
+    """Return True when a rank reduced a bucket over the small limit."""
+    return any(call.get("nbytes", 0) > SMALL_MB * 2**20 for call in reduced(result))
+
+
+def expect_one_call_per_bucket(seen: list[dict]) -> None:
+    """Fail unless every rank made one all_reduce per small bucket."""
     wanted = len(expected_buckets(False, SMALL_MB))
-    for n, ranks in groups_finished(seen):
+    with charged_by(SMALL_MEAN):
+        groups = groups_finished(seen)
+    for n, ranks in groups:
         for rank, result in enumerate(ranks):
             count = len(reduced(result))
             expect(
@@ -137,7 +156,10 @@ def one_all_reduce_per_bucket(seen, ctx):
                     "The buckets hold too much: a bucket is full at bucket_mb * 2**20 bytes "
                     "(a gradient takes numel() * element_size() bytes)."
                 ),
-                see=None if count > wanted else "no_bucket_over_the_limit",  # too few: too big
+                # too few calls: buckets too big, or one left out (its gradients unaveraged)
+                see="no_bucket_over_the_limit"
+                if over_the_limit(result)
+                else (None if count > wanted else SMALL_MEAN),
             )
 
 
@@ -146,12 +168,14 @@ def one_all_reduce_per_bucket(seen, ctx):
     points=1,
     hint="With the default bucket_mb=25, the checks' whole network (under 10 KiB of "
     "gradients) fits in one bucket: one all_reduce in all.",
-    after="gradients_are_the_mean_over_ranks",
-    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def one_all_reduce_with_the_default_size(seen, ctx):
-    """bucket_mb defaults to 25 MiB, which holds the whole small network: one call."""
-    for n, ranks in groups_finished(seen):
+    """bucket_mb defaults to 25 MiB, which holds the whole small network: one call.
+    Property: the default bucket size; against the reference (one call: 25 MiB holds the whole
+    network)."""
+    with charged_by(MEAN):
+        groups = groups_finished(seen)
+    for n, ranks in groups:
         for rank, result in enumerate(ranks):
             count = len(reduced(result))
             expect(
@@ -159,6 +183,8 @@ def one_all_reduce_with_the_default_size(seen, ctx):
                 _("with {n} processes, rank {rank} called all_reduce {count} times").format(
                     n=n, rank=rank, count=count
                 ),
+                # more calls: one_all_reduce_per_bucket judges them; none: the means show it
+                see="one_all_reduce_per_bucket" if count > 1 else MEAN,
             )
 
 
@@ -168,14 +194,16 @@ def one_all_reduce_with_the_default_size(seen, ctx):
     hint="Start a new bucket when the next gradient would take the current one past "
     "bucket_mb * 2**20 bytes (numel() * element_size()); a gradient bigger than that on its "
     "own gets a bucket of its own.",
-    after="gradients_are_the_mean_with_small_buckets",
-    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def no_bucket_over_the_limit(seen, ctx):
-    """No all_reduce carries more than bucket_mb MiB, unless it holds a single gradient."""
+    """No all_reduce carries more than bucket_mb MiB, unless it holds a single gradient.
+    Property: no bucket over the limit; against the reference (bucket_mb * 2**20 bytes, read from
+    each recorded call)."""
     limit = SMALL_MB * 2**20
     sizes = {p.numel() for p in grad_model(0).parameters()}
-    for n, ranks in groups_finished(seen):
+    with charged_by(SMALL_MEAN):
+        groups = groups_finished(seen)
+    for n, ranks in groups:
         for rank, result in enumerate(ranks):
             for call in reduced(result):
                 held = call.get("of", ["other"])
@@ -203,13 +231,15 @@ def no_bucket_over_the_limit(seen, ctx):
     hint="Fill the buckets from the last parameter backwards (reversed(list(model."
     "parameters()))): backward() finishes the last layers' gradients first, so DDP reduces "
     "them first, while the first layers are still being computed.",
-    after="gradients_are_the_mean_with_small_buckets",
-    because="the buckets are read from the all_reduce calls of code that averages right",
 )
 def buckets_start_from_the_last_parameter(seen, ctx):
-    """The first bucket holds the last parameter's gradient, as DDP's do."""
+    """The first bucket holds the last parameter's gradient, as DDP's do.
+    Property: the buckets' order; against the reference (the last parameter's gradient in the first
+    recorded call)."""
     last = f"grad {len(list(grad_model(0).parameters())) - 1}"
-    for n, ranks in groups_finished(seen):
+    with charged_by(SMALL_MEAN):
+        groups = groups_finished(seen)
+    for n, ranks in groups:
         for rank, result in enumerate(ranks):
             calls = reduced(result)
             first = calls[0].get("of", []) if calls else []
@@ -218,6 +248,7 @@ def buckets_start_from_the_last_parameter(seen, ctx):
                 _("with {n} processes, rank {rank}'s first bucket held {first}, not {last}").format(
                     n=n, rank=rank, first=first, last=last
                 ),
+                see=None if first else SMALL_MEAN,  # no call at all: nothing was averaged
             )
 
 
@@ -227,8 +258,11 @@ def buckets_start_from_the_last_parameter(seen, ctx):
     hint="A frozen parameter has no gradient (None): leave it out of the buckets.",
 )
 def skips_frozen_parameters(seen, ctx):
-    """With the first layer frozen, its gradients stay None and the others are averaged."""
-    expect_mean_with_buckets(seen, ctx, frozen=True)
+    """With the first layer frozen, its gradients stay None and the others are averaged.
+    Property: frozen parameters are left out; against the reference (None for the frozen layer, one
+    process's whole-batch gradients for the others)."""
+    with charged_by(SMALL_MEAN):  # wrong without a frozen layer too: charged there
+        expect_mean_with_buckets(seen, ctx, frozen=True)
     for n, ranks in groups_finished(seen):
         for rank, result in enumerate(ranks):
             expect(

@@ -17,6 +17,7 @@ from grader.api import (
     N_,
     _,
     case,
+    charged_by,
     check,
     error_hints,
     expect,
@@ -32,6 +33,7 @@ COUNT_HINT = N_(
     "Count on each rank: the correct predictions (d2l.accuracy) and the number of examples, "
     "in one tensor; dist.all_reduce it, and divide the summed correct by the summed total."
 )
+WHOLE_SET = "every_rank_returns_the_accuracy_of_the_whole_set"  # against the counted accuracy
 AVERAGED_HINT = N_(
     "Each rank's accuracy was averaged over the ranks; with shards of different sizes that is "
     "not the accuracy of the test set. Sum the counts (correct and total) over the ranks, "
@@ -152,14 +154,19 @@ def expect_accuracy(seen, ctx, shape: str) -> None:
 
 @check(shards, points=3, hint=COUNT_HINT)
 def every_rank_returns_the_accuracy_of_the_whole_set(seen, ctx):
-    """With shards of different sizes, every rank returns correct / total over all shards."""
+    """With shards of different sizes, every rank returns correct / total over all shards.
+    Property: the whole set's accuracy; against the reference (correct over total, counted by the
+    grader across every shard)."""
     expect_accuracy(seen, ctx, "unequal")
 
 
 @check(equal_shards, points=2, hint=COUNT_HINT)
 def equal_shards_give_the_accuracy_of_the_whole_set(seen, ctx):
-    """With shards of equal size, every rank returns the whole set's accuracy."""
-    expect_accuracy(seen, ctx, "equal")
+    """With shards of equal size, every rank returns the whole set's accuracy.
+    Property: shards of equal size; against the reference (the accuracy counted across every
+    shard)."""
+    with charged_by(WHOLE_SET):  # wrong on unequal shards too: charged there
+        expect_accuracy(seen, ctx, "equal")
 
 
 @check(
@@ -169,20 +176,25 @@ def equal_shards_give_the_accuracy_of_the_whole_set(seen, ctx):
     "it forever) and must not divide by its own zero count: divide only the summed counts.",
 )
 def a_rank_without_data_still_takes_part(seen, ctx):
-    """When the last rank has no examples, every rank still returns the whole set's accuracy."""
-    expect_accuracy(seen, ctx, "empty")
+    """When the last rank has no examples, every rank still returns the whole set's accuracy.
+    Property: a rank without data; against the reference (the accuracy counted across the other
+    ranks' shards)."""
+    with charged_by(WHOLE_SET):  # wrong where every rank has data too: charged there
+        expect_accuracy(seen, ctx, "empty")
 
 
 @check(
     shards,
     points=1,
     hint="Return a Python number: float(correct / total), not a tensor.",
-    after="every_rank_returns_the_accuracy_of_the_whole_set",
-    because="the type of the result matters only where the result is the accuracy",
 )
 def returns_a_python_float(seen, ctx):
-    """The accuracy comes back as a float, as d2l.evaluate_accuracy_gpu's does."""
-    for n, ranks in groups_finished(seen):
+    """The accuracy comes back as a float, as d2l.evaluate_accuracy_gpu's does.
+    Property: the type returned; against the reference (a float, as d2l.evaluate_accuracy_gpu
+    returns)."""
+    with charged_by(WHOLE_SET):  # a deadlock or a crash: charged there
+        groups = groups_finished(seen)
+    for n, ranks in groups:
         for rank, result in enumerate(ranks):
             kind = returned(result)["type"]
             expect(
@@ -201,7 +213,9 @@ def returns_a_python_float(seen, ctx):
 )
 def evaluates_in_eval_mode(seen, ctx):
     """Every forward pass runs with the network in evaluation mode (judged on the ranks that
-    returned: a deadlock is charged by every_rank_returns_the_accuracy_of_the_whole_set)."""
+    returned: a deadlock is charged by every_rank_returns_the_accuracy_of_the_whole_set).
+    Property: evaluation mode; against the reference (eval mode, as the network noted it at every
+    forward pass)."""
     for n, ranks in ranks_that_returned(
         seen, see="every_rank_returns_the_accuracy_of_the_whole_set"
     ):

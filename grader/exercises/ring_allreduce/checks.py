@@ -20,6 +20,7 @@ from grader.api import (
     _,
     all_reduce,
     case,
+    charged_by,
     check,
     error_hints,
     expect,
@@ -30,8 +31,11 @@ from grader.api import (
     in_every_size,
     in_rank,
     recording_calls,
+    short,
 )
 
+SUMS = "every_rank_holds_the_sum"  # the one check of the sums against dist.all_reduce
+POINT_TO_POINT = "uses_only_point_to_point_calls"  # the one check of the calls made
 # Collectives that move data: a ring that calls one did not do the summing itself.
 SUMMING = tuple(c for c in COLLECTIVES if c not in ("barrier",))
 RING_HINT = N_(
@@ -72,11 +76,16 @@ def tensors_for(seed: int, rank: int, kind: str, world: int) -> list[torch.Tenso
         if dtype.is_floating_point:
             return [torch.randn(shape, generator=gen, dtype=dtype)]
         return [torch.randint(-999, 999, shape, generator=gen, dtype=dtype)]
-    if kind == "dtypes":
+    if kind == "dtypes":  # lengths that every world size divides: only the dtypes differ
+        ints = [
+            torch.randint(-(2**40), 2**40, (6, 4), generator=gen),
+            torch.randint(-1000, 1000, (12,), generator=gen, dtype=torch.int32),
+        ]  # then their twins (see TWIN and SHIFTED): the same values in float64, and plus one
         return [
-            torch.randint(-(2**40), 2**40, (5, 5), generator=gen),
-            torch.randint(-1000, 1000, (6,), generator=gen, dtype=torch.int32),
+            *ints,
+            *(t.double() for t in ints),
             torch.randn(3, 4, generator=gen, dtype=torch.float64),
+            *(t + 1 for t in ints),
         ]
     raise ValueError(kind)
 
@@ -145,7 +154,8 @@ def given_kinds(student, ctx, kinds: list[str]):
 
 @case
 def integers_and_float64(student, ctx):
-    """int64 values up to 2**40, int32 and float64 tensors."""
+    """int64 values up to 2**40 and int32 tensors, the same values in float64, a float64
+    tensor, and the integers plus one."""
     return run_ring(student, ctx, "dtypes")
 
 
@@ -199,6 +209,7 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
                     "sends and receives"
                 ).format(label=label, collective=collective),
                 _("The exercise is the ring itself: use only dist.send/recv/isend/irecv."),
+                see=POINT_TO_POINT,
             )
         given, expected = record["given"], record["expected"]
         value = given.value if isinstance(given, SeenTensor) else given
@@ -221,13 +232,18 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
     hint="Each rank must end with the sum of both tensors: [[3., 3.]]. " + RING_HINT,
 )
 def book_demo_gives_threes_on_both_ranks(seen, ctx):
-    """[[1., 1.]] on rank 0 and [[2., 2.]] on rank 1 both become [[3., 3.]]."""
-    expect_sums(seen, ctx, "book", N_("the book's demo"))
+    """[[1., 1.]] on rank 0 and [[2., 2.]] on rank 1 both become [[3., 3.]].
+    Property: the book's demo; against the reference (its known result, [[3., 3.]] on both ranks,
+    which dist.all_reduce gives)."""
+    with charged_by(SUMS):
+        expect_sums(seen, ctx, "book", N_("the book's demo"))
 
 
 @check(random_tensors, points=3, hint=RING_HINT)
 def every_rank_holds_the_sum(seen, ctx):
-    """In groups of 2, 3 and 4, every rank's tensor equals dist.all_reduce of the same tensors."""
+    """In groups of 2, 3 and 4, every rank's tensor equals dist.all_reduce of the same tensors.
+    Property: the sum on every rank; against the reference (dist.all_reduce of the same float32
+    tensors, in groups of 2, 3 and 4)."""
     expect_sums(seen, ctx, "random", N_("random float32"))
 
 
@@ -240,8 +256,16 @@ def every_rank_holds_the_sum(seen, ctx):
     "on both sides.",
 )
 def sums_tensors_of_any_length(seen, ctx):
-    """Lengths of 7, 13, 1, 2 and 3 elements sum right in groups of 2, 3 and 4."""
-    expect_sums(seen, ctx, "uneven", N_("a length that the world size does not divide"))
+    """Lengths of 7, 13, 1, 2 and 3 elements sum right in groups of 2, 3 and 4.
+    Property: any length; against the reference (dist.all_reduce of tensors of 7, 13, 1, 2 and 3
+    elements)."""
+    with charged_by(SUMS):
+        expect_sums(seen, ctx, "uneven", N_("a length that the world size does not divide"))
+
+
+# The "dtypes" calls (see `tensors_for`): the integer tensors are calls 0 and 1; the float64
+# twin of integer call i is call i + TWIN, and the same values plus one are call i + SHIFTED.
+INTEGERS, TWIN, SHIFTED = 2, 2, 5
 
 
 @check(
@@ -250,8 +274,59 @@ def sums_tensors_of_any_length(seen, ctx):
     hint="Each rank's tensor must end holding the sum in its own dtype, exactly for integers.",
 )
 def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
-    """int64 (up to 2**40) and int32 tensors sum exactly, float64 ones closely, dtypes kept."""
-    expect_sums(seen, ctx, "dtypes", N_("int64, int32 and float64"))
+    """int64 (up to 2**40) and int32 tensors sum exactly: to what the same values sum to in
+    float64, and to N more when every one of the N ranks adds one; every tensor keeps its dtype.
+    Property: dtypes and exact integer sums; a relation: each rank's int64 and int32 results
+    against its own results on the same values in float64 and on the values plus one, and each
+    result's dtype against its input's."""
+    expect_exact_dtypes(seen, N_("int64, int32 and float64"))
+
+
+def expect_exact_dtypes(seen: list[dict], what: str) -> None:
+    """Fail unless every tensor kept its dtype and each integer tensor holds exactly what the
+    same rank's float64 twin holds, and N less than its twin plus one (a sum computed in
+    float32 loses the one). Groups that deadlocked or raised, a collective and the values
+    themselves are other checks' to charge (every_rank_holds_the_sum,
+    uses_only_point_to_point_calls): a result that is no sum at all misses the one too, and
+    is every_rank_holds_the_sum's where that fails; a tensor whose shape changed is
+    sums_in_place's."""
+    with charged_by(SUMS):
+        records = list(ring_records(seen))
+    results = {(n, rank, i): plain(record["given"]) for n, rank, i, record in records}
+    for n, rank, i, record in records:
+        label = _("with {n} processes, rank {rank}'s tensor {number} ({what})").format(
+            n=n, rank=rank, number=i + 1, what=_(what)
+        )
+        value, expected = results[n, rank, i], record["expected"]
+        if not isinstance(value, torch.Tensor) or value.shape != expected.shape:
+            continue
+        expect_kept_dtype(value, value.to(expected.dtype), label, DTYPE_HINT)
+        if i >= INTEGERS:
+            continue
+        floats, shifted = results.get((n, rank, i + TWIN)), results.get((n, rank, i + SHIFTED))
+        if isinstance(floats, torch.Tensor) and floats.shape == value.shape:
+            expect_kept_dtype(value, floats.to(value.dtype), label, DTYPE_HINT)
+            expect(
+                torch.equal(value.double(), floats.double()),
+                _(
+                    "{label}: the integers summed to {got}, the same values in float64 to "
+                    "{floats}; a right ring gives both the same sums"
+                ).format(label=label, got=short(value), floats=short(floats)),
+            )
+        if isinstance(shifted, torch.Tensor) and shifted.shape == value.shape:
+            expect(
+                torch.equal(shifted - value, torch.full_like(value, n)),
+                _(
+                    "{label}: the integers summed to {got}, the same values plus one on each of "
+                    "the {n} ranks to {shifted}; an exact sum grows by {n}"
+                ).format(label=label, got=short(value), shifted=short(shifted), n=n),
+                DTYPE_HINT,
+                see=SUMS,  # no sum at all (a copy summed, a ring cut short) shows here too
+            )
+
+
+def plain(value):
+    return value.value if isinstance(value, SeenTensor) else value
 
 
 @check(
@@ -259,12 +334,14 @@ def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     points=1,
     hint="Work on tensor.view(-1) (a view, not a copy) so that receiving into a chunk writes "
     "into the caller's tensor; if you had to copy, copy the result back with tensor.copy_().",
-    after="every_rank_holds_the_sum",
-    because="a tensor can be seen to be written in place only once it holds the sum",
 )
 def sums_in_place(seen, ctx):
-    """The tensor passed in holds the sum afterwards, with its shape: the caller sees it."""
-    for n, rank, i, record in ring_records(seen):
+    """The tensor passed in holds the sum afterwards, with its shape: the caller sees it.
+    Property: the tensor passed in keeps its shape (its values are every_rank_holds_the_sum's); a
+    relation: the tensor's shape after the call against its shape before it."""
+    with charged_by(SUMS):
+        records = list(ring_records(seen))
+    for n, rank, i, record in records:
         given = record["given"]
         shape = tuple(record["expected"].shape)
         expect(
@@ -272,6 +349,7 @@ def sums_in_place(seen, ctx):
             _(
                 "with {n} processes, rank {rank}'s tensor {number} no longer has shape {shape}"
             ).format(n=n, rank=rank, number=i + 1, shape=shape),
+            see=SUMS,
         )
 
 
@@ -282,13 +360,17 @@ def sums_in_place(seen, ctx):
     "no dist.all_reduce, reduce_scatter, all_gather, broadcast or barrier.",
 )
 def uses_only_point_to_point_calls(seen, ctx):
-    """No collective is called at all: the ring is built from sends and receives."""
+    """No collective is called at all: the ring is built from sends and receives.
+    Property: only sends and receives; against the reference (the exercise's rule, read from the
+    recorded calls: no collective, and some send)."""
     expect_point_to_point(seen)
 
 
 def expect_point_to_point(seen: list[dict]) -> None:
     """Fail unless every rank's calls are sends and receives, some of them sends."""
-    for n, rank, _i, record in ring_records(seen):
+    with charged_by(SUMS):
+        records = list(ring_records(seen))
+    for n, rank, _i, record in records:
         names = sorted({c["name"] for c in record["calls"] if c["name"] in COLLECTIVES})
         expect(
             not names,
@@ -309,12 +391,14 @@ def expect_point_to_point(seen: list[dict]) -> None:
     points=1,
     hint="In a ring, rank r sends only to (r + 1) % world_size and receives only from "
     "(r - 1) % world_size (or the other way round, the same for every rank).",
-    after="uses_only_point_to_point_calls",
-    because="a ring's partners are read from its sends and receives; a collective names none",
 )
 def talks_only_to_its_ring_neighbours(seen, ctx):
-    """Each rank sends to one neighbour and receives from the other, as in a ring."""
-    for n, rank, _i, record in ring_records(seen):
+    """Each rank sends to one neighbour and receives from the other, as in a ring.
+    Property: only ring neighbours; against the reference (the exercise's rule, read from the
+    recorded calls: sends to rank + 1 and receives from rank - 1, or the other way round)."""
+    with charged_by(SUMS):
+        records = list(ring_records(seen))
+    for n, rank, _i, record in records:
         sent = {c["peer"] for c in record["calls"] if c["name"] in ("send", "isend")}
         got = {c["peer"] for c in record["calls"] if c["name"] in ("recv", "irecv")}
         right, left = (rank + 1) % n, (rank - 1) % n
@@ -333,12 +417,14 @@ def talks_only_to_its_ring_neighbours(seen, ctx):
     points=1,
     hint="Send chunks of 1/world_size of the tensor, not the whole tensor: 2 (N - 1) chunks "
     "per rank in all, N - 1 in the reduce-scatter and N - 1 in the all-gather.",
-    after=("every_rank_holds_the_sum", "uses_only_point_to_point_calls"),
-    because="the chunks are counted from the sends of a ring that sums with sends alone",
 )
 def each_rank_sends_two_n_minus_one_chunks(seen, ctx):
-    """Each rank sends 2 (N - 1) / N of the tensor's elements: what makes the ring fast."""
-    for n, rank, i, record in ring_records(seen):
+    """Each rank sends 2 (N - 1) / N of the tensor's elements: what makes the ring fast.
+    Property: the amount sent; against the reference (2 (N - 1) / N of the tensor's elements, read
+    from the recorded sends)."""
+    with charged_by(SUMS):
+        records = list(ring_records(seen))
+    for n, rank, i, record in records:
         numel = record["expected"].numel()
         sent = sum(c.get("numel", 0) for c in record["calls"] if c["name"] in ("send", "isend"))
         budget = 2 * (n - 1) * numel // n
@@ -356,8 +442,8 @@ def diagnose(raised):
     """Name the mistakes that show up as exceptions."""
     if "Received data size doesn't match" in raised.message or "preamble" in raised.message:
         return _(
-            "A receive got a different number of elements than it expected: both ends of each "
-            "step must agree on the chunk (send chunk (rank - s), receive chunk (rank - s - 1))."
+            "A receive got a different number of elements, or of bytes, than it expected: both "
+            "ends of a step must agree on the chunk, and the buffer must have the tensor's dtype."
         )
     if "Default process group has not been initialized" in raised.message:
         return _("Call the function inside a process group: use d2l.launch(...) in the notebook.")

@@ -1,7 +1,8 @@
 """Hidden checks of `average_gradients`: another network and batch, from another seed."""
 
-from grader.api import check
+from grader.api import charged_by, check
 from grader.exercises.average_gradients.checks import (
+    MEAN,
     MEAN_HINT,
     expect_mean_gradients,
     gradients_of_a_shard,
@@ -14,5 +15,8 @@ another_batch = gradients_of_a_shard.using(
 
 @check(another_batch, points=2, hint=MEAN_HINT)
 def gradients_are_the_mean_on_another_batch(seen, ctx):
-    """With other weights and another batch, the gradients are still the whole batch's."""
-    expect_mean_gradients(seen, ctx)
+    """With other weights and another batch, the gradients are still the whole batch's.
+    Property: the mean gradients on weights and inputs the public checks never gave; against the
+    reference (one process's gradients on that whole batch)."""
+    with charged_by(MEAN):  # wrong on the public batch too: charged there
+        expect_mean_gradients(seen, ctx)

@@ -36,7 +36,7 @@ RIGHT = {
 
 forgets_the_last_bucket = Mistake(
     source=variant(TEMPLATE, RIGHT, LAST=""),
-    fails="gradients_are_the_mean_with_small_buckets",
+    fails="gradients_are_the_mean_over_ranks",  # with one bucket, the only one is left out
     hint_mentions="copy every slice back",
 )
 
@@ -66,7 +66,7 @@ forward_order = Mistake(
 
 bucket_size_in_megabits = Mistake(
     source=variant(TEMPLATE, RIGHT, FULL="size + nbytes > bucket_mb * 2**20 * 8"),
-    fails="one_all_reduce_per_bucket",
+    fails="no_bucket_over_the_limit",  # too few calls follow from buckets too big
     hint_mentions="bucket_mb * 2**20 bytes",
 )
 

@@ -102,3 +102,24 @@ sums_into_a_copy = Mistake(
     fails="every_rank_holds_the_sum",
     hint_mentions="came back unchanged",
 )
+
+sums_in_float32 = Mistake(
+    source=variant(
+        TEMPLATE,
+        RIGHT,
+        FLAT="flat = tensor.view(-1).float()",
+        BACK="tensor.copy_(flat.view_as(tensor))",
+    ),
+    fails="keeps_dtypes_and_sums_integers_exactly",
+    hint_mentions="never go through float32",
+    seen_in="a ring that sums a float32 copy and writes it back: large int64 values round",
+)
+
+receives_into_a_float32_buffer = Mistake(
+    source=variant(TEMPLATE, RIGHT).replace(
+        "buffer = torch.empty_like(chunks[0])", "buffer = torch.empty(chunks[0].numel())"
+    ),
+    fails="keeps_dtypes_and_sums_integers_exactly",
+    hint_mentions="the buffer must have the tensor's dtype",
+    seen_in="a receive buffer made with torch.empty(n), float32 whatever the tensor's dtype",
+)
