@@ -2,11 +2,16 @@
 bytes per rank of the lab's ResNet-18 with Adam (11,175,818 parameters, float32), and the
 ring's two halves on the notebook's demo of three processes with seven values each."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 import dplab
 from grader.load.reference import reference
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Rank 0's bytes for the concise notebook's ResNet-18 and Adam: DDP, then ZeRO's stages.
 RESNET18_ADAM = {
@@ -66,3 +71,92 @@ def test_the_judges_own_figures_are_torchs():
         mine = sharded._one_process(5, name, False)
         for got, want in zip(mine, net.parameters(), strict=True):
             torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-7)
+
+
+# A stage 1 that pads each parameter to a multiple of N values, as ColossalAI pads, which
+# the exercise allows: its chunks are not tensor_split's, and stage 2 must follow them.
+PADDED_STAGE_1 = """
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.sizes = [-(-p.numel() // self.world) for p in self.params]
+        self.shard = self.mine([p.detach() for p in self.params]).clone().requires_grad_()
+        self.optimizer = optimizer_cls([self.shard], **kwargs)
+
+    def mine(self, tensors):
+        pieces = []
+        for t, size in zip(tensors, self.sizes):
+            flat = t.reshape(-1)
+            padded = torch.cat([flat, flat.new_zeros(size * self.world - flat.numel())])
+            pieces.append(padded[self.rank * size:(self.rank + 1) * size])
+        return torch.cat(pieces)
+
+    def gradient_chunk(self):
+        return self.mine([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
+
+    def step(self):
+        self.shard.grad = self.gradient_chunk()
+        self.optimizer.step()
+        chunks = [torch.empty_like(self.shard) for _ in range(self.world)]
+        dist.all_gather(chunks, self.shard.detach())
+        with torch.no_grad():
+            for p, size, whole in zip(self.params, self.sizes, zip(*[c.split(self.sizes) for c in chunks])):
+                p.copy_(torch.cat(whole)[:p.numel()].view_as(p))
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+"""
+
+
+def zero2_source() -> str:
+    """The given Zero2Optimizer, as the sharded notebook's reference has it."""
+    notebook = json.loads((REPO / "solutions" / "multigpu" / "sharded.ipynb").read_text())
+    cell = next(
+        "".join(c["source"])
+        for c in notebook["cells"]
+        if "class Zero2Optimizer" in "".join(c["source"])
+    )
+    return cell[cell.index("class Zero2Optimizer") : cell.index("\nclass ShardedLayer")]
+
+
+def stage_2_on_padded_chunks(steps: int = 3) -> list[torch.Tensor]:
+    """The notebook's given Zero2Optimizer on a stage 1 of padded chunks: Adam's weights."""
+    import torch.distributed as dist
+    from torch import nn
+
+    names = reference("sharded.ipynb")
+    space = {"torch": torch, "nn": nn, "dist": dist, "reduce_scatter": names["reduce_scatter"],
+             "all_gather": names["all_gather"]}  # fmt: skip
+    exec(PADDED_STAGE_1, space)
+    exec(zero2_source(), space)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    optimizer = space["Zero2Optimizer"](net.parameters(), torch.optim.Adam, lr=0.01)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for step in range(steps):
+        X = torch.randn(12, 5, generator=torch.Generator().manual_seed(step))
+        y = torch.arange(12) % 3
+        optimizer.zero_grad()
+        mine = slice(rank * 12 // world, (rank + 1) * 12 // world)
+        nn.functional.cross_entropy(net(X[mine]), y[mine]).backward()
+        optimizer.step()
+    return [p.detach() for p in net.parameters()]
+
+
+def test_stage_2_follows_a_stage_1_that_pads_each_parameter():
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    adam = torch.optim.Adam(net.parameters(), lr=0.01)
+    for step in range(3):
+        X = torch.randn(12, 5, generator=torch.Generator().manual_seed(step))
+        adam.zero_grad()
+        nn.functional.cross_entropy(net(X), torch.arange(12) % 3).backward()
+        adam.step()
+    done = dplab.launch(stage_2_on_padded_chunks, nprocs=3, backend="gloo", show=False)
+    for weights in done.results:
+        for got, wanted in zip(weights, net.parameters(), strict=True):
+            torch.testing.assert_close(got, wanted.detach(), rtol=1e-5, atol=1e-6)

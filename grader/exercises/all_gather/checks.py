@@ -12,8 +12,10 @@ import torch
 from grader.api import N_, _, case, check, error_hints
 from grader.exercises.reduce_scatter.checks import (
     P2P_HINT,
+    SIZE_HINT,
+    expect_exact_dtypes,
     expect_halves,
-    expect_one_chunk_per_step,
+    expect_ring_steps,
     plain,
     run_half,
 )
@@ -50,8 +52,9 @@ def lengths_that_do_not_divide(student, ctx):
 
 @case
 def integers_and_float64(student, ctx):
-    """int64 values up to 2**40, int32 and float64 tensors."""
-    return run_half(student, ctx, "dtypes", "all_gather")
+    """int64 values up to 2**40 and int32 tensors, the same values in float64, and a float64
+    tensor, of lengths that 2, 3 and 4 divide."""
+    return run_half(student, ctx, "exact", "all_gather")
 
 
 @case
@@ -75,14 +78,18 @@ MAIN = "every_rank_gets_the_whole_tensor"  # the other value checks defer to it 
 
 @check(book_demo, points=2, hint="Both ranks must get [1., 1.] back. " + GATHER_HINT)
 def book_demo_gives_both_ranks_the_whole(seen, ctx):
-    """[1.] on rank 0 and [1.] on rank 1: both get [1., 1.]."""
+    """[1.] on rank 0 and [1.] on rank 1: both get [1., 1.].
+    Property: the book's demo; against the reference (its known result), a failure that random
+    tensors show too being every_rank_gets_the_whole_tensor's."""
     expect_halves(seen, N_("the book's demo"), gather_hint, see=MAIN)
 
 
 @check(random_tensors, points=3, hint=GATHER_HINT)
 def every_rank_gets_the_whole_tensor(seen, ctx):
     """In groups of 2, 3 and 4, every rank gets the whole flat tensor, its chunks in rank
-    order."""
+    order.
+    Property: the whole tensor on every rank; against the reference, the one check that compares
+    it."""
     expect_halves(seen, N_("random float32"), gather_hint)
 
 
@@ -94,7 +101,10 @@ def every_rank_gets_the_whole_tensor(seen, ctx):
     "values than ranks; skip sending and receiving an empty chunk.",
 )
 def works_for_any_length(seen, ctx):
-    """Lengths of 7, 13, 1, 2 and 3 elements gather right in groups of 2, 3 and 4."""
+    """Lengths of 7, 13, 1, 2 and 3 elements gather right in groups of 2, 3 and 4.
+    Property: chunks of any length; against the reference, left to
+    every_rank_gets_the_whole_tensor where it fails too (no relation: padding changes the
+    chunks)."""
     expect_halves(seen, N_("a length that the world size does not divide"), gather_hint, see=MAIN)
 
 
@@ -105,27 +115,30 @@ def works_for_any_length(seen, ctx):
     "integers must come back exactly.",
 )
 def keeps_dtypes_and_integers_exact(seen, ctx):
-    """int64 (up to 2**40), int32 and float64 chunks come back exactly, in their dtype."""
-    expect_halves(seen, N_("int64, int32 and float64"), gather_hint, see=MAIN)
+    """int64 (up to 2**40) and int32 chunks come back exactly, as the same values do in
+    float64, and every result keeps its dtype.
+    Property: dtypes kept and integers exact; a relation: each integer result against the code's
+    own float64 result on the same values, on lengths every group size divides, so blind to
+    chunk boundaries; then the exact values, which float32 may have rounded in both, against the
+    reference, left to the values check where it fails too."""
+    expect_exact_dtypes(seen, N_("int64, int32 and float64"), MAIN)
 
 
 @check(random_tensors, points=2, hint=P2P_HINT)
 def uses_only_point_to_point_calls(seen, ctx):
-    """No collective is called at all: the all-gather is built from sends and receives."""
+    """No collective is called at all: the all-gather is built from sends and receives.
+    Property: no collective; against the reference (the calls the exercise allows), read from
+    the recorded calls whatever the result."""
     expect_point_to_point(seen)
 
 
-@check(
-    random_tensors,
-    points=1,
-    hint="Send one chunk, 1/world_size of the tensor, at each of the N - 1 steps: never the "
-    "whole tensor, and no step twice.",
-    after=("every_rank_gets_the_whole_tensor", "uses_only_point_to_point_calls"),
-    because="the chunks are counted from the sends of a ring that works with sends alone",
-)
-def sends_one_chunk_per_step(seen, ctx):
-    """Each rank sends N - 1 chunks of 1/N of the tensor: (N - 1) / N of it."""
-    expect_one_chunk_per_step(seen)
+@check(random_tensors, points=1, hint=SIZE_HINT)
+def exchanges_one_chunk_per_step_with_its_neighbours(seen, ctx):
+    """Each rank sends only to one ring neighbour and receives only from the other: N - 1
+    chunks of 1/N of the tensor, (N - 1) / N of it.
+    Property: a ring between neighbours, one chunk a step; against the reference (the ring the
+    exercise states), read from the recorded sends and receives whatever the result, so no gate."""
+    expect_ring_steps(seen, MAIN)
 
 
 @error_hints

@@ -8,6 +8,8 @@ with the table of the notebook: P values that train, K values of state per value
 of ceil(P / N) values, times the bytes per value.
 """
 
+from collections import Counter
+from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -130,12 +132,14 @@ def every_stage(
     return seen
 
 
-odd_length = every_stage.using(
-    "odd_length",
-    "The same with 25 values that train, which 2, 3 and 4 do not divide.",
-    kind="odd",
-    optimizers=("Adam",),
-)
+@case
+def two_lengths(student, ctx):
+    """Adam on a network of 132 values that train (2, 3 and 4 divide it) and on one of 25
+    (none does), every stage in groups of 1 to 4."""
+    return {kind: every_stage.run(student, ctx, kind=kind, optimizers=("Adam",)) for kind in KINDS}
+
+
+KINDS = ("even", "odd")
 with_a_frozen_layer = every_stage.using(
     "with_a_frozen_layer",
     "A network with a frozen layer and batch norm's buffers, with Adam, in DDP.",
@@ -176,18 +180,71 @@ STAGE_CHECKS = {
     3: "stage_3_shards_the_parameters_too",
 }
 CHUNK_CHECK = "rank_0_holds_the_largest_chunk"
+DDP_CHECK = "ddp_holds_everything_on_every_rank"
 
 
-def owner(got, t: Table, stage: int, world: int, ddp_right: bool, me: str) -> str | None:
-    """Return the check that owns a wrong figure's cause, if another than `me`: DDP's where
-    the student's DDP figure is wrong too, the chunk check where the figure is floor(P / N)'s,
-    else the check of the stage."""
-    if stage and not ddp_right:
-        return "ddp_holds_everything_on_every_rank"
-    if stage and got == expected_bytes(t, stage, world, floor=True):
-        return None if me == CHUNK_CHECK else CHUNK_CHECK
-    mine = STAGE_CHECKS.get(stage, "ddp_holds_everything_on_every_rank")
-    return None if mine == me else mine
+def stage_bytes(t: Table, stage: int, chunk: Fraction) -> Fraction:
+    """Return the table's figure for `stage` with chunks of `chunk` values (the student's own
+    chunk, in the relations)."""
+    held = (
+        chunk if stage >= 3 else t.total,
+        chunk if stage >= 2 else t.total,
+        t.per_value * (chunk if stage >= 1 else t.total),
+    )
+    return sum(held) * t.size
+
+
+def chunk_of(got, t: Table, stage: int) -> Fraction | None:
+    """Return the chunk size that a sharded stage's figure implies, with the table's P, K and
+    bytes (None for stage 1 without state, which holds no chunk)."""
+    values = Fraction(got).limit_denominator(10_000) / t.size
+    if stage == 1:
+        return (values - 2 * t.total) / t.per_value if t.per_value else None
+    if stage == 2:
+        return (values - t.total) / (1 + t.per_value)
+    return values / (2 + t.per_value)
+
+
+def own_chunk(seen, kind: str, dtype, world: int) -> Fraction | None:
+    """Return the student's own chunk size over `world` ranks: the one that most of its
+    sharded figures imply (every optimizer, stages 1 to 3), or None where none does. One
+    stage counted wrong leaves the others' agreement; a chunk wrong everywhere moves them all
+    together."""
+    votes: Counter = Counter()
+    for entry in seen:
+        t = table(kind, entry["optimizer"], dtype)
+        for stage in (1, 2, 3):
+            got = answer_of(entry["answers"][key(stage, world)])
+            chunk = None if got is None else chunk_of(got, t, stage)
+            if chunk is not None and chunk > 0:
+                votes[chunk] += 1
+    ranked = votes.most_common(2)
+    if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
+
+
+def ddp_right_in(seen, kind: str, dtype, sizes) -> bool:
+    """Return True when every DDP figure of the case matches the table."""
+    return all(
+        right(entry["answers"][key(0, n)], table(kind, entry["optimizer"], dtype), 0, n)
+        for entry in seen
+        for n in sizes
+    )
+
+
+def wrong_figure(stage: int, name: str, world: int, outcome: dict, t, chunk) -> str:
+    """What a stage's wrong figure is against the table (a sharded stage's with `chunk`)."""
+    said = {"stage": _(STAGE_NAMES[stage]), "optimizer": _(name), "n": world,
+            "got": outcome.get("returned")}  # fmt: skip
+    if not stage:
+        return _(
+            "{stage} with {optimizer} over {n} ranks: returned {got}, expected {want} bytes"
+        ).format(**said, want=expected_bytes(t, stage, world))
+    return _(
+        "{stage} with {optimizer} over {n} ranks: returned {got}, expected {want} "
+        "bytes (with chunks of {chunk} values, as your other stages count them)"
+    ).format(**said, want=chunk_text(stage_bytes(t, stage, chunk)), chunk=chunk_text(chunk))
 
 
 def expect_stage(
@@ -200,32 +257,34 @@ def expect_stage(
     sizes=SIZES,
     hint=TABLE_HINT,
 ) -> None:
-    """Fail unless every answer for `stage` matches the table, naming the check that owns
-    the cause where another does (`owner`); `me` is the check that asks."""
+    """Fail unless every answer for `stage` matches the table: DDP's against the reference,
+    a sharded stage's through a relation, against the table with the student's own chunk
+    (`own_chunk`, the reference's where its figures imply none), so that a wrong chunk is
+    the chunk check's alone. A wrong sharded figure where the DDP figures are wrong too is
+    the DDP check's, and one that another check than the stage's own (`me`, the check that
+    asks) sees is the stage check's where it fails too."""
     calls = [o["answers"][key(stage, n)] for o in seen for n in sizes]
     finished(calls)  # every call raised: the check cannot judge
-    for entry in seen:
-        t = table(kind, entry["optimizer"], dtype)
-        ddp_right = all(right(entry["answers"][key(0, n)], t, 0, n) for n in sizes)
-        for world in sizes:
+    own = STAGE_CHECKS.get(stage, DDP_CHECK)
+    if stage and me != DDP_CHECK and not ddp_right_in(seen, kind, dtype, sizes):
+        see = DDP_CHECK  # P, K or the bytes are counted wrong, which every stage shows
+    else:
+        see = None if own == me else own  # the check of this stage, where another asks
+    for world in sizes:
+        chunk = own_chunk(seen, kind, dtype, world) if stage else None
+        for entry in seen:
+            name = entry["optimizer"]
+            t = table(kind, name, dtype)
             outcome = entry["answers"][key(stage, world)]
-            if raised_in(outcome) is not None or right(outcome, t, stage, world):
+            if raised_in(outcome) is not None:
                 continue
-            got, name = answer_of(outcome), entry["optimizer"]
-            expect(
-                False,
-                _(
-                    "{stage} with {optimizer} over {n} ranks: returned {got}, expected {want} bytes"
-                ).format(
-                    stage=_(STAGE_NAMES[stage]),
-                    optimizer=_(name),
-                    n=world,
-                    got=outcome.get("returned"),
-                    want=expected_bytes(t, stage, world),
-                ),
-                hint,
-                see=owner(got, t, stage, world, ddp_right, me),
-            )
+            mine = chunk if chunk is not None else Fraction(-(-t.total // world))
+            got = answer_of(outcome)
+            if got is not None and Fraction(got).limit_denominator(10_000) == stage_bytes(
+                t, stage, mine
+            ):
+                continue
+            expect(False, wrong_figure(stage, name, world, outcome, t, mine), hint, see=see)
 
 
 # The optimizers of the case that keep a scalar `step` counter per parameter tensor.
@@ -256,39 +315,77 @@ def ddp_hint(seen, ctx) -> str:
 @check(every_stage, points=2, hint=TABLE_HINT)
 def ddp_holds_everything_on_every_rank(seen, ctx):
     """DDP: each rank holds P parameters, P gradients and K P values of state, whatever N is,
-    with K 0, 1 and 2 for SGD, SGD with momentum and Adam."""
+    with K 0, 1 and 2 for SGD, SGD with momentum and Adam.
+    Property: P, K and the bytes; against the reference (the notebook's table), the one check
+    that compares the DDP figure."""
     expect_stage(seen, ctx, 0, "ddp_holds_everything_on_every_rank", hint=ddp_hint(seen, ctx))
 
 
 @check(every_stage, points=2, hint=TABLE_HINT)
 def stage_1_shards_the_optimizer_state(seen, ctx):
-    """Stage 1: the state falls to K ceil(P / N) values per rank; parameters and gradients
-    stay whole."""
+    """Stage 1: the state falls to K ceil(P / N) values per rank; parameters and gradients stay
+    whole.
+    Property: stage 1 shards the state alone; a relation: the table's figure with the code's own
+    chunk (own_chunk), so a wrong chunk is rank_0_holds_the_largest_chunk's alone."""
     expect_stage(seen, ctx, 1, STAGE_CHECKS[1])
 
 
 @check(every_stage, points=2, hint=TABLE_HINT)
 def stage_2_shards_the_gradients_too(seen, ctx):
-    """Stage 2: the gradients fall to ceil(P / N) values per rank as well."""
+    """Stage 2: the gradients fall to ceil(P / N) values per rank as well.
+    Property: stage 2 shards the gradients too; a relation: the table's figure with the code's
+    own chunk (own_chunk)."""
     expect_stage(seen, ctx, 2, STAGE_CHECKS[2])
 
 
 @check(every_stage, points=2, hint=TABLE_HINT)
 def stage_3_shards_the_parameters_too(seen, ctx):
-    """Stage 3: each rank holds ceil(P / N) parameters, gradients and K ceil(P / N) state."""
+    """Stage 3: each rank holds ceil(P / N) parameters, gradients and K ceil(P / N) state.
+    Property: stage 3 shards the parameters too; a relation: the table's figure with the code's
+    own chunk (own_chunk)."""
     expect_stage(seen, ctx, 3, STAGE_CHECKS[3])
 
 
 @check(
-    odd_length,
+    two_lengths,
     points=1,
-    hint="When N does not divide P, tensor_split makes the first chunks one value larger: "
-    "rank 0 holds ceil(P / N) values, -(-P // N), not P // N.",
+    hint="Rank 0's chunk is ceil(P / N) values, -(-P // N): the chunks of tensor_split(N), "
+    "whose first ones are one value larger when N does not divide P (not P // N, P / N or "
+    "P // N + 1).",
 )
 def rank_0_holds_the_largest_chunk(seen, ctx):
-    """With 25 values over 2, 3 and 4 ranks, each sharded stage counts rank 0's ceil(P / N)."""
-    for stage in (1, 2, 3):
-        expect_stage(seen, ctx, stage, CHUNK_CHECK, kind="odd", hint=None)
+    """With Adam over 1 to 4 ranks, on 132 values and on 25, the sharded stages count rank 0's
+    chunk as ceil(P / N) values.
+    Property: the chunk size; against the reference (ceil(P / N)), the one check that compares
+    the chunk: the chunk that most of the code's sharded figures imply (own_chunk), on a length
+    every N divides and one none does; where the DDP figures are wrong too, the DDP check
+    charges."""
+    for kind in KINDS:
+        entries = seen[kind]
+        finished([o["answers"][key(s, n)] for o in entries for s in (1, 2, 3) for n in SIZES])
+        see = None if ddp_right_in(entries, kind, torch.float32, SIZES) else DDP_CHECK
+        total = table(kind, "Adam").total
+        for world in SIZES:
+            chunk = own_chunk(entries, kind, torch.float32, world)
+            want = -(-total // world)
+            expect(
+                chunk == want,
+                _(
+                    "with {total} values that train over {n} ranks, your sharded stages count "
+                    "chunks of {chunk} values; rank 0's chunk is ceil(P / N) = {want}"
+                ).format(
+                    total=total,
+                    n=world,
+                    chunk=_("no one size") if chunk is None else chunk_text(chunk),
+                    want=want,
+                ),
+                see=see,
+            )
+
+
+def chunk_text(chunk: Fraction) -> str:
+    """Return a chunk size as a student would write it: 13, or 8.333 for a fraction."""
+    return str(chunk.numerator) if chunk.denominator == 1 else f"{float(chunk):.4g}"
 
 
 @check(
@@ -298,7 +395,9 @@ def rank_0_holds_the_largest_chunk(seen, ctx):
     "gradient and no state, and buffers (batch norm's running statistics) are not parameters.",
 )
 def counts_only_what_trains(seen, ctx):
-    """Beside a frozen layer and batch norm's buffers, only the 54 values that train count."""
+    """Beside a frozen layer and batch norm's buffers, only the 54 values that train count.
+    Property: only what trains counts; against the reference (the DDP figure of the 54 values
+    that train), a DDP figure wrong without a frozen layer too being the DDP check's."""
     expect_stage(seen, ctx, 0, "counts_only_what_trains", kind="frozen", sizes=(1, 2), hint=None)
 
 
@@ -308,7 +407,9 @@ def counts_only_what_trains(seen, ctx):
     hint="Raise ValueError for a stage other than 0, 1, 2 and 3, and say which stages exist.",
 )
 def rejects_a_stage_that_does_not_exist(seen, ctx):
-    """Stages 4 and -1 raise ValueError."""
+    """Stages 4 and -1 raise ValueError.
+    Property: unknown stages are refused; against the reference (ValueError, as the exercise
+    states)."""
     for stage, outcome in zip((4, -1), seen, strict=True):
         raised = raised_in(outcome)
         expect(

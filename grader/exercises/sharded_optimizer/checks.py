@@ -21,6 +21,7 @@ from torch import nn
 from grader.api import (
     N_,
     Crash,
+    Fail,
     Raised,
     _,
     all_reduce,
@@ -222,12 +223,20 @@ def weights_tolerance(optimizer: str) -> float:
     return 0.05 * settings["lr"] * STEPS if optimizer == "Adam" else 1e-5
 
 
-def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
-    """Fail unless every rank's weights equal one process's after the same steps."""
+def expect_one_process_weights(
+    seen: dict, ctx, frozen: bool = False, see: str | None = None
+) -> None:
+    """Fail unless every rank's weights equal one process's after the same steps (`see`: the
+    check that charges a difference where it fails too)."""
     start = [p.detach() for p in grad_model(ctx.seed, frozen).parameters()]
     for name, groups in seen.items():
         expected = one_process(ctx.seed, name, frozen)
-        for n, ranks in groups_finished(groups):
+        try:
+            finished = groups_finished(groups)
+        except (Fail, Crash) as error:
+            error.see = error.see or see
+            raise
+        for n, ranks in finished:
             for rank, result in enumerate(ranks):
                 weights = result["weights"]
                 hint = NOT_SHARED_HINT if only_own_chunk_changed(weights, start, rank, n) else None
@@ -236,13 +245,17 @@ def expect_one_process_weights(seen: dict, ctx, frozen: bool = False) -> None:
                         "{optimizer}, with {n} processes: rank {rank}'s parameter {i} after "
                         "{steps} steps"
                     ).format(optimizer=_(name), n=n, rank=rank, i=i, steps=STEPS)
-                    expect_close(w, e, label, hint, rtol=1e-4, atol=weights_tolerance(name))
+                    expect_close(
+                        w, e, label, hint, rtol=1e-4, atol=weights_tolerance(name), see=see
+                    )
 
 
 @check(training_steps, points=5, hint=STEP_HINT)
 def weights_match_one_process(seen, ctx):
-    """After three steps of SGD with momentum, and of Adam, every rank holds the weights of
-    one process that stepped the whole network on the whole batches."""
+    """After three steps of SGD with momentum, and of Adam, every rank holds the weights of one
+    process that stepped the whole network on the whole batches.
+    Property: the sharded step is the optimizer's; against the reference (one process on the
+    whole batches), the one check that compares the weights."""
     expect_one_process_weights(seen, ctx)
 
 
@@ -253,11 +266,12 @@ def weights_match_one_process(seen, ctx):
     "the values), not over every parameter: the state of each value must live on one rank.",
 )
 def each_value_has_its_state_on_one_rank(seen, ctx):
-    """Property: the state is sharded. The ranks' optimizers keep K P values of state between
-    them (K = 1 for momentum, 2 for Adam), and none keeps all of it. Padding may keep state
-    too: each parameter padded to a multiple of N values (as ColossalAI pads), or the flat
-    vector to a multiple of 2 N (as DeepSpeed pads its flat groups); state kept twice is more
-    than either allows. Compares with the count the exercise states (K P)."""
+    """The ranks' optimizers keep K P values of state between them (K = 1 for momentum, 2 for
+    Adam), and none keeps all of it; padding each parameter to a multiple of N values, or
+    the flat vector to a multiple of 2 N, may keep state too.
+    Property: the state is sharded; against the reference (the count the exercise states, K P,
+    with the padding it allows: ColossalAI's per parameter, DeepSpeed's flat), so state kept
+    twice fails."""
     sizes = [p.numel() for p in grad_model(ctx.seed).parameters()]
     total = sum(sizes)
     for name, groups in seen.items():
@@ -281,6 +295,9 @@ def each_value_has_its_state_on_one_rank(seen, ctx):
                     most=most,
                     twice=2 * n,
                 ),
+                # No state at all: the inner optimizer lost its settings (momentum) or its
+                # class, which the weights show too; that check charges it where it fails.
+                see="weights_match_one_process" if not any(held) else None,
             )
 
 
@@ -300,7 +317,9 @@ def most_padded(sizes: list[int], n: int) -> int:
     "to None (or zero it).",
 )
 def zero_grad_clears_the_gradients(seen, ctx):
-    """After zero_grad(), no parameter has a gradient left."""
+    """After zero_grad(), no parameter has a gradient left.
+    Property: zero_grad() clears; against the reference (no gradient left), read from the
+    parameters themselves whatever the weights."""
     for name, groups in seen.items():
         for n, ranks in groups_finished(groups):
             for rank, result in enumerate(ranks):

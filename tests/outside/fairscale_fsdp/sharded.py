@@ -9,9 +9,8 @@
 #                   size and the last holds the padding; the inner optimizer kept as
 #                   `self.optim` (OSS's name) and as the lab's `self.optimizer`; the padding
 #                   dropped when the gathered values are copied back -> no check
-# Left to the notebook's owner, not charged here: where N does not divide P the padded
-#   shard is not tensor_split's chunk, so the notebook's given Zero2Optimizer, whose
-#   gradient_chunk returns reduce_scatter's chunk, hands some rank a gradient one value short.
+# Where N does not divide P the padded shard is not tensor_split's chunk: the notebook's given
+#   Zero2Optimizer learns the chunks' layout from this gradient_chunk and follows it.
 
 # %% [markdown]
 # # Sharding the optimizer and the parameters

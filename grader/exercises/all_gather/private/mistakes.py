@@ -59,8 +59,6 @@ def all_gather(shard, numel):
     also={
         "works_for_any_length": "gloo refuses an all_gather of unequal sizes: that is a fault "
         "of its own, on other inputs",
-        "keeps_dtypes_and_integers_exact": "the dtypes case has lengths the ranks cannot split "
-        "evenly, where gloo refuses too",
     },
 )
 
@@ -100,7 +98,28 @@ def all_gather(shard, numel):
         result.tensor_split(world)[chunk].copy_(incoming.tensor_split(world)[chunk])
     return result
 """,
-    fails="sends_one_chunk_per_step",
+    fails="exchanges_one_chunk_per_step_with_its_neighbours",
     hint_mentions="never the whole tensor",
     seen_in="the whole result passed on at each step, one new chunk read from it",
+)
+
+sends_its_shard_to_every_rank = Mistake(
+    source="""
+def all_gather(shard, numel):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = torch.empty(numel, dtype=shard.dtype)
+    chunks = result.tensor_split(world)
+    chunks[rank].copy_(shard.reshape(-1))
+    requests = [dist.isend(chunks[rank], peer)
+                for peer in range(world) if peer != rank and chunks[rank].numel()]
+    for peer in range(world):
+        if peer != rank and chunks[peer].numel():
+            dist.recv(chunks[peer], peer)
+    for request in requests:
+        request.wait()
+    return result
+""",
+    fails="exchanges_one_chunk_per_step_with_its_neighbours",
+    hint_mentions="two neighbours only",
+    seen_in="all-to-all by sends: the shard sent straight to every other rank",
 )

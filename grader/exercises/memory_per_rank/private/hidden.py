@@ -17,8 +17,11 @@ amsgrad_in_float64 = every_stage.using(
 
 @check(amsgrad_in_float64, points=2, hint=TABLE_HINT)
 def reads_the_state_and_the_bytes_from_what_it_is_given(seen, ctx):
-    """With three values of state per value and 8 bytes a value, every stage still matches
-    the table."""
+    """With three values of state per value and 8 bytes a value, every stage still matches the
+    table.
+    Property: K and the bytes come from what the function is given; against the reference for
+    DDP's figure, and through the relation with the code's own chunk (own_chunk) for the sharded
+    stages."""
     for stage in (0, 1, 2, 3):
         expect_stage(
             seen,

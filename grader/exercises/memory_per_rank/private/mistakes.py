@@ -121,3 +121,17 @@ four_bytes_a_value = Mistake(
     hint_mentions="element_size()",
     seen_in="float32 taken for granted",
 )
+
+adds_one_to_the_chunk = Mistake(
+    source=variant(TEMPLATE, RIGHT, SHARD="shard = total // world_size + 1"),
+    fails="rank_0_holds_the_largest_chunk",
+    hint_mentions="P // N + 1",
+    seen_in="ceil(P / N) written as P // N + 1, one too many where N divides P",
+)
+
+divides_into_a_fraction = Mistake(
+    source=variant(TEMPLATE, RIGHT, SHARD="shard = total / world_size"),
+    fails="rank_0_holds_the_largest_chunk",
+    hint_mentions="ceil(P / N)",
+    seen_in="P / N, a fraction of a value where N does not divide P",
+)

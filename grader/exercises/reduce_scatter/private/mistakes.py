@@ -78,7 +78,29 @@ def reduce_scatter(tensor):
         passing = incoming.clone()
     return total.tensor_split(world)[rank]
 """,
-    fails="sends_one_chunk_per_step",
+    fails="exchanges_one_chunk_per_step_with_its_neighbours",
     hint_mentions="never the whole tensor",
     seen_in="the whole-tensor ring of PyTorch's tutorial, cut at the end",
+)
+
+sends_each_chunk_straight_to_its_owner = Mistake(
+    source="""
+def reduce_scatter(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.reshape(-1).tensor_split(world)
+    total = chunks[rank].clone()
+    requests = [dist.isend(chunks[peer].contiguous(), peer)
+                for peer in range(world) if peer != rank and chunks[peer].numel()]
+    for peer in range(world):
+        if peer != rank and total.numel():
+            incoming = torch.empty_like(total)
+            dist.recv(incoming, peer)
+            total += incoming
+    for request in requests:
+        request.wait()
+    return total
+""",
+    fails="exchanges_one_chunk_per_step_with_its_neighbours",
+    hint_mentions="two neighbours only",
+    seen_in="all-to-all by sends: each chunk sent straight to the rank that owns it",
 )

@@ -17,5 +17,7 @@ with_a_frozen_layer = training_steps.using(
 @check(with_a_frozen_layer, points=2, hint=STEP_HINT)
 def shards_only_the_parameters_that_train(seen, ctx):
     """With the first layer frozen, the others still train as in one process, and the frozen
-    one keeps its weights."""
-    expect_one_process_weights(seen, ctx, frozen=True)
+    one keeps its weights.
+    Property: a frozen layer is left out; against the reference, a step wrong without a frozen
+    layer too being weights_match_one_process's."""
+    expect_one_process_weights(seen, ctx, frozen=True, see="weights_match_one_process")
