@@ -111,6 +111,29 @@ def test_every_check_says_what_it_proves_and_how_to_fix_it():
                 assert before in names[: names.index(c.name)], f"{c.name} waits on a later check"
 
 
+def test_every_check_names_its_property_and_how_it_compares():
+    """Each check's docstring ends with `Property: ...;` and either `against the reference`
+    or `a relation`, for the maintainer (docs/grading.md); the student reads what comes before
+    it. No property of an exercise is compared with the reference by two checks."""
+    unsaid = []
+    for ex in MANIFEST.exercises:
+        compared: dict[str, str] = {}
+        for c in exercise_checks(ex, include_hidden=True):
+            prop, _, how = c.judged.removeprefix("Property:").partition(";")
+            if not c.judged or not how.strip().startswith(("against the reference", "a relation")):
+                unsaid.append(f"{ex.id}.{c.name}")
+                continue
+            if how.strip().startswith("against the reference"):
+                key = prop.strip().lower()
+                assert key not in compared, (
+                    f"{ex.id}: {c.name} and {compared.get(key)} both compare {key!r} with the "
+                    "reference"
+                )
+                compared[key] = c.name
+            assert "Property:" not in c.doc
+    assert not unsaid, f"checks that do not say what they prove and how: {unsaid}"
+
+
 def test_every_gate_says_in_one_line_why_its_check_cannot_judge_without_it():
     """A check may wait on another (`after=`) only where it cannot observe its property
     unless that one passes; the reason (`because=`) is shown to the student with the gate."""

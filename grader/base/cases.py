@@ -100,10 +100,22 @@ class Check:
     judge: Callable[[Any, Context], None]
     points: float
     hint: str
-    doc: str
+    doc: str  # what it proves, as the student reads it (translated)
     after: tuple[str, ...] = ()
     because: str = ""  # why the `after` checks must pass first: the one reason a gate may have
     hidden: bool = False
+    # For the maintainer, from the docstring's `Property:` line on: the property it proves,
+    # and whether it compares with the reference or through a relation (docs/grading.md).
+    judged: str = ""
+
+
+def split_doc(docstring: str | None) -> tuple[str, str]:
+    """A check's docstring as (what it proves, from the `Property:` line on)."""
+    lines = (docstring or "").strip().splitlines()
+    at = next((i for i, line in enumerate(lines) if line.strip().startswith("Property:")), None)
+    if at is None:
+        return "\n".join(lines), ""
+    return "\n".join(lines[:at]).strip(), " ".join(" ".join(lines[at:]).split())
 
 
 def case(run: Callable[..., Any] | None = None, *, holds: tuple[str, ...] = ()) -> Any:
@@ -152,8 +164,10 @@ def check(
 
     def wrap(judge: Callable[[Any, Context], None]) -> Check:
         names = (after,) if isinstance(after, str) else tuple(after)
-        doc = (judge.__doc__ or "").strip()
-        return Check(judge.__name__, on, judge, points, hint, doc, names, because.strip())
+        doc, judged = split_doc(judge.__doc__)
+        return Check(
+            judge.__name__, on, judge, points, hint, doc, names, because.strip(), judged=judged
+        )
 
     return wrap
 

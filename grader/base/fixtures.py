@@ -356,6 +356,61 @@ def which_replica(replicas: list[list[Tensor]], params) -> int:
     return -1
 
 
+def mark_of(params, start: Tensor) -> float | None:
+    """Return how far recorded steps moved `params` (its first tensor's mean shift from
+    `start`), or None where it is not a list of tensors shaped like `start`."""
+    try:
+        first = params[0].detach().to("cpu")
+    except (TypeError, IndexError, KeyError, AttributeError):
+        return None
+    if not isinstance(first, Tensor) or first.shape != start.shape:
+        return None
+    return float((first.double() - start.double()).mean())
+
+
+def homes(replica) -> list[str]:
+    """Return the devices a replica's tensors are on, once each, in order."""
+    found: list[str] = []
+    for t in replica if isinstance(replica, list | tuple) else []:
+        where = str(getattr(t, "device", "none"))
+        if where not in found:
+            found.append(where)
+    return found
+
+
+class MarkedSteps:
+    """A `train_batch` that trains nothing but notes each step into `log`: its batch, the
+    replicas it got (numbered in the order first seen), the devices, where each replica
+    lives and how far the steps moved the first; it moves every replica it gets by `mark`,
+    as a step moves the weights, so that what is evaluated later is known by its values."""
+
+    def __init__(self, log: list, batches: dict, start: Tensor, mark: float) -> None:
+        self.log, self.batches, self.start, self.mark = log, batches, start, mark
+        self.replicas: list[list] = []
+
+    def number(self, replica) -> int:
+        """Return the replica's number, a new one for a list not seen before (-1 for others)."""
+        number = which_replica(self.replicas, replica)
+        if number < 0 and isinstance(replica, list | tuple):
+            self.replicas.append(list(replica))
+            number = len(self.replicas) - 1
+        return number
+
+    def __call__(self, X, y, device_params, devices, lr) -> None:
+        used = [self.number(r) for r in device_params]
+        moved: set[int] = set()
+        with torch.no_grad():
+            for r in device_params:
+                for t in r if isinstance(r, list | tuple) else []:
+                    if isinstance(t, Tensor) and id(t) not in moved:
+                        moved.add(id(t))
+                        t.add_(self.mark)
+        first = mark_of(device_params[0], self.start) if len(device_params) else None
+        where = [homes(r) for r in device_params]
+        self.log.append(("step", batch_name(self.batches, X), used, [str(d) for d in devices],
+                         where, first))  # fmt: skip
+
+
 def batch_name(batches: dict[str, list[tuple[Tensor, Tensor]]], X: Tensor) -> str:
     """Return which batch `X` is ("train 2"), by identity, by value or as a contiguous part
     of one (nn.DataParallel hands each GPU a part), or "other"."""

@@ -201,7 +201,8 @@ def other_dtypes_and_shapes(student, ctx):
     "total back into each of the others.",
 )
 def book_demo_gives_threes_on_both_devices(seen, ctx):
-    """[[1., 1.]] and [[2., 2.]] both become [[3., 3.]]."""
+    """[[1., 1.]] and [[2., 2.]] both become [[3., 3.]].
+    Property: the book's demo; against the reference (its known output)."""
     # A wrong sum here is the cause every_tensor_holds_the_sum judges on more lists.
     all_finished([seen])
     parts = [torch.ones((1, 2)) * (i + 1) for i in range(2)]
@@ -219,7 +220,8 @@ def book_demo_gives_threes_on_both_devices(seen, ctx):
     "must receive it (a list of one is left as it is).",
 )
 def every_tensor_holds_the_sum(seen, ctx):
-    """For 1 to 8 tensors, each one given ends holding the sum of all of them."""
+    """For 1 to 8 tensors, each one given ends holding the sum of all of them.
+    Property: the sum; against the reference (torch's sum of the same tensors)."""
     for ts, outcome in zip(float_lists(ctx.seed), seen, strict=True):
         if raised_in(outcome) is None:  # what came back shows more than the error does
             expect_sums(outcome["listed"], ts, _("with {count} tensors").format(count=len(ts)))
@@ -232,7 +234,9 @@ def every_tensor_holds_the_sum(seen, ctx):
     hint="Each tensor must end holding the sum in its own dtype, exactly for integers.",
 )
 def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
-    """float64, int64 (up to 2**40) and int32 tensors keep their dtype; integers sum exactly."""
+    """float64, int64 (up to 2**40) and int32 tensors keep their dtype; integers sum exactly.
+    Property: dtypes and exact integer sums; against the reference (torch's sum in the same
+    dtype)."""
     all_finished(seen)
     for ts, outcome in zip(mixed_lists(ctx.seed), seen, strict=True):
         what = _("{dtype} tensors of shape {shape}").format(
@@ -248,7 +252,9 @@ def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
     "write into them, with data[i][:] = ... or data[i].copy_(...).",
 )
 def writes_into_the_tensors_it_was_given(seen, ctx):
-    """The tensor objects passed in (the caller's gradients, say) hold the sum afterwards."""
+    """The tensor objects passed in (the caller's gradients, say) hold the sum afterwards.
+    Property: the sum is written in place; a relation: the tensor objects after the call against
+    those given."""
     lists = float_lists(ctx.seed)
     # A list of one tensor shows nothing of this: where every longer list raised, nothing
     # was judged, and the check fails with the error.
@@ -277,7 +283,8 @@ def writes_into_the_tensors_it_was_given(seen, ctx):
     hint="Move the total to each tensor's own device before writing it there.",
 )
 def each_result_stays_on_its_device(seen, ctx):
-    """Each tensor is still on the device it started on."""
+    """Each tensor is still on the device it started on.
+    Property: where the results are; against the reference (the device each tensor started on)."""
     for i in worked(seen, float_lists(ctx.seed)):
         outcome = seen[i]
         wanted = [str(d) for d in cycle(ctx.devices, len(outcome["given"]))]
@@ -296,7 +303,8 @@ def each_result_stays_on_its_device(seen, ctx):
 )
 def no_two_results_share_memory(seen, ctx):
     """After allreduce, no two of the tensors it was given share memory, so changing one
-    (a gradient, say) leaves the others alone."""
+    (a gradient, say) leaves the others alone.
+    Property: the results are independent; a relation: the tensors given against one another."""
     # Entries put into the list in their place are writes_into_the_tensors_it_was_given's.
     for i in worked(seen, float_lists(ctx.seed)):
         given = [t for t in seen[i]["given"] if isinstance(t, SeenTensor)]

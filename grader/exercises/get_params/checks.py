@@ -104,7 +104,8 @@ def backward_through_the_copies(student, ctx):
 
 @check(book_demo, points=1, hint="Return a list with one copy of each parameter, in order.")
 def returns_one_copy_per_parameter(seen, ctx):
-    """It returns a list of eight tensors shaped like LeNet's parameters."""
+    """It returns a list of eight tensors shaped like LeNet's parameters.
+    Property: one copy per parameter; against the reference (LeNet's shapes)."""
     copies = copies_of(seen["copies"])
     for i, (c, p) in enumerate(zip(copies, dplab.lenet_params(seed=ctx.seed), strict=True)):
         expect(
@@ -123,7 +124,8 @@ def returns_one_copy_per_parameter(seen, ctx):
     because=IN_ORDER,
 )
 def copies_hold_the_same_values(seen, ctx):
-    """Each copy holds its parameter's values."""
+    """Each copy holds its parameter's values.
+    Property: the copies' values; a relation: each copy against its own original."""
     for i, (c, p) in enumerate(zip(seen["copies"], dplab.lenet_params(seed=ctx.seed), strict=True)):
         expect_close(c, p, _("copy {i}").format(i=i), rtol=0, atol=0)
 
@@ -136,7 +138,8 @@ def copies_hold_the_same_values(seen, ctx):
     because=IN_ORDER,
 )
 def b1_is_twenty_zeros_with_no_grad(seen, ctx):
-    """The book's demo: the copy of b1 is 20 zeros and its grad is None."""
+    """The book's demo: the copy of b1 is 20 zeros and its grad is None.
+    Property: the book's demo; against the reference (its known output)."""
     b1 = seen["copies"][1]
     # Its value and its grad are judged for every copy by the checks this one names.
     expect_equal(b1, torch.zeros(20), _("the copy of b1"), see="copies_hold_the_same_values")
@@ -153,7 +156,8 @@ def b1_is_twenty_zeros_with_no_grad(seen, ctx):
     hint="Move each copy with .to(device).",
 )
 def copies_are_on_the_device(seen, ctx):
-    """Every copy lives on the device it was asked for."""
+    """Every copy lives on the device it was asked for.
+    Property: where the copies are; against the reference (the device asked for)."""
     wanted = str(ctx.devices[1])
     for i, c in enumerate(tensors_of(seen)):
         expect(
@@ -168,7 +172,9 @@ def copies_are_on_the_device(seen, ctx):
     hint="Call .requires_grad_() on each copy.",
 )
 def copies_are_leaves_that_require_grad(seen, ctx):
-    """Each copy is a leaf tensor that requires grad and has no grad yet."""
+    """Each copy is a leaf tensor that requires grad and has no grad yet.
+    Property: the copies can be trained; against the reference (a leaf that requires grad, with
+    no grad yet)."""
     for i, c in enumerate(tensors_of(seen["copies"])):
         expect(
             c.requires_grad,
@@ -183,7 +189,8 @@ def copies_are_leaves_that_require_grad(seen, ctx):
 
 @check(onto_the_same_device, points=2, hint=SAME_TENSOR_HINT)
 def copies_are_independent_of_the_originals(seen, ctx):
-    """Changing a copy leaves its original alone, even when both are on the same device."""
+    """Changing a copy leaves its original alone, even when both are on the same device.
+    Property: independence; a relation: a copy changed against its original, which must not move."""
     # No copy is an original, whatever the number of copies; and every original keeps its values.
     originals = seen["originals"]
     for i, c in enumerate(tensors_of(seen["copies"])):
@@ -206,7 +213,8 @@ def copies_are_independent_of_the_originals(seen, ctx):
     hint="Leave the caller's tensors alone: set requires_grad on the copies only.",
 )
 def originals_are_left_untouched(seen, ctx):
-    """The parameters passed in keep their values and still do not require grad."""
+    """The parameters passed in keep their values and still do not require grad.
+    Property: the originals are kept; a relation: the originals after the call against before it."""
     tensors_of(seen["copies"])  # without copies, leaving the originals alone is no feat
     for i, p in enumerate(seen["originals"]):
         expect(isinstance(p, SeenTensor), _("original {i} is no longer a tensor").format(i=i))
@@ -227,7 +235,9 @@ def originals_are_left_untouched(seen, ctx):
     because=IN_ORDER,
 )
 def gradients_reach_the_copies(seen, ctx):
-    """After backward through LeNet, every copy holds the gradient of the loss."""
+    """After backward through LeNet, every copy holds the gradient of the loss.
+    Property: gradients reach the copies; against the reference (autograd's gradients on the
+    originals)."""
     params = [p.requires_grad_() for p in dplab.lenet_params(seed=ctx.seed)]
     X, y = random_batch(seeded(ctx.seed), 4)
     lenet_loss(dplab.lenet(X, params), y).sum().backward()

@@ -197,11 +197,14 @@ def layer_tree(student, ctx):
     "channels, then a 512-to-num_classes linear layer.",
 )
 def stages_and_classifier_have_the_books_parameter_count(seen, ctx):
-    """Property: the stages, pooling and classifier are the book's size. After the stem
-    (which has its own check), the parameters the forward pass uses number the book's
-    11,175,050 (11,175,818 with its 3x3 stem), or as many as the same network has without
-    the biases of its 3x3 or of its 1x1 convolutions, or with batch norm after its 1x1
-    shortcuts, as torchvision's. Compares with the book's count (a constant)."""
+    """After the stem, the parameters the forward pass uses number the book's 11,175,050, or
+    as many as the same network has without the biases of its convolutions or with batch norm
+    after its 1x1 shortcuts (as torchvision's).
+    Property: the stages, pooling and classifier are the book's size; against the reference
+    (the book's count, a constant: 11,175,050 after the stem, which has its own check, and
+    11,175,818 with its 3x3 stem; or as many as the same network has without the biases of
+    its 3x3 or of its 1x1 convolutions, or with batch norm after its 1x1 shortcuts, as
+    torchvision's)."""
     # 11,170,314, 11,176,842 or 11,172,106 (torchvision's), and their mixtures. A count that
     # is right but for the shortcuts is shortcuts_only_where_the_shape_changes's cause.
     layout = seen["layout"]
@@ -225,9 +228,11 @@ def stages_and_classifier_have_the_books_parameter_count(seen, ctx):
     "'global_avg_pool' and 'fc'.",
 )
 def names_its_stages_like_the_book(seen, ctx):
-    """Property: the book's names, which the notebook's later cells use. After the stem come
-    resnet_block1..4, global_avg_pool and fc, in that order, among the top-level modules.
-    Compares with the book's names; the one check that reads the module tree."""
+    """After the stem come the top-level modules resnet_block1 to resnet_block4,
+    global_avg_pool and fc, in that order: the book's names, which the notebook's later cells
+    use.
+    Property: the book's names; against the reference (the book's names, in order, among the
+    top-level modules; the one check that reads the module tree)."""
     names = seen["layout"]["names"]
     expect(
         [n for n in names if n in NAMED] == NAMED,
@@ -244,10 +249,11 @@ def names_its_stages_like_the_book(seen, ctx):
     "padding=1), BatchNorm2d(64) and ReLU, and no max-pooling.",
 )
 def stem_is_3x3_stride_1_without_max_pooling(seen, ctx):
-    """Property: the stem for 28x28 images. What runs before the first residual block is a
-    3x3 stride-1 convolution to 64 channels, batch norm and ReLU, and no max-pooling runs
-    anywhere (global max-pooling is the reference check's). Compares with the book's stem
-    (constants)."""
+    """Before the first residual block run a 3x3 convolution of stride 1 and padding 1 to 64
+    channels, batch norm and ReLU, and no max-pooling runs anywhere: the book's stem for 28x28
+    images.
+    Property: the stem for 28x28 images; against the reference (the book's stem, constants;
+    global max-pooling is same_layers_as_the_reference's)."""
     # An nn.Identity in the stem (torchvision's way to drop its max-pool) computes nothing.
     stem = seen["layout"]["stem"]
     types = [s["type"] for s in stem]
@@ -297,10 +303,11 @@ def stem_is_3x3_stride_1_without_max_pooling(seen, ctx):
     "strides=2; every other block keeps the identity shortcut.",
 )
 def shortcuts_only_where_the_shape_changes(seen, ctx):
-    """Property: the shortcuts. Stages 2-4 open with a strided block with a 1x1 shortcut; no
-    other block has one: the 1x1 convolutions that run after the stem are three of stride
-    2, from 64 to 128, 128 to 256 and 256 to 512 channels. Compares with the book's
-    shortcuts (constants)."""
+    """Stages 2 to 4 open with a block of stride 2 with a 1x1 shortcut, and no other block
+    has one: three 1x1 convolutions of stride 2, from 64 to 128, 128 to 256 and 256 to 512
+    channels.
+    Property: the shortcuts; against the reference (the book's shortcuts, constants: the 1x1
+    convolutions that run after the stem)."""
     found = seen["layout"]["shortcuts"]
     for c_in, c_out, _stride in found:
         if c_in == c_out:
@@ -338,8 +345,9 @@ def shortcuts_only_where_the_shape_changes(seen, ctx):
     "nn.Linear(512, num_classes)).",
 )
 def classifies_28x28_images(seen, ctx):
-    """Property: the output for the book's images. Two 28x28 grey images give a 2x10 output.
-    Compares with the shape the exercise states."""
+    """resnet18(10) maps two 28x28 grey images to a 2x10 output.
+    Property: the output for the book's images; against the reference (the shape the
+    exercise states)."""
     out = returned(seen)
     expect(
         out == [2, 10],
@@ -353,8 +361,9 @@ def classifies_28x28_images(seen, ctx):
     hint="Use in_channels for the first convolution and num_classes for the last layer.",
 )
 def takes_96x96_colour_images_and_any_class_count(seen, ctx):
-    """Property: in_channels and num_classes are used. resnet18(7, in_channels=3) maps two
-    3x96x96 images to a 2x7 output. Compares with the shape the exercise states."""
+    """resnet18(7, in_channels=3) maps two 3x96x96 colour images to a 2x7 output.
+    Property: in_channels and num_classes are used; against the reference (the shape the
+    exercise states)."""
     expect(
         seen == [2, 7],
         _("the output has shape {got}, expected {wanted}").format(got=seen, wanted=[2, 7]),

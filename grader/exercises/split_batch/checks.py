@@ -111,7 +111,8 @@ def mismatched_lengths(student, ctx):
     "or d2l.scatter does.",
 )
 def book_demo_gives_rows_0_1_and_2_3(seen, ctx):
-    """torch.arange(20).reshape(4, 5) over two devices gives rows 0-1 and rows 2-3."""
+    """torch.arange(20).reshape(4, 5) over two devices gives rows 0-1 and rows 2-3.
+    Property: the book's demo; against the reference (its known output)."""
     xs, ys = pair_of(seen)
     data = torch.arange(20).reshape(4, 5)
     # The demo's rows in other shards, or in another order, are the slips the checks of the
@@ -172,10 +173,10 @@ def expect_sizes(sizes: list[int], rows: int, k: int, see: str | None = None) ->
     "be (as torch.tensor_split does: 3, 2 and 2).",
 )
 def shard_sizes_follow_torch_chunk(seen, ctx):
-    """Property: the shards' sizes. They are torch.chunk's (7 rows over 3 give 3, 3 and 1),
-    or one shard per device as even as can be (3, 2 and 2): every row in one shard, which is
-    what the later steps need. Compares with the reference's sizes, and with the even ones
-    the exercise allows as well."""
+    """5 rows over 2 devices, 7 over 3 and 8 over 4 give one shard per device, every row in
+    one shard, with torch.chunk's sizes (7 over 3: 3, 3 and 1) or as even as can be (3, 2, 2).
+    Property: the shards' sizes; against the reference (torch.chunk's sizes, and the even ones
+    the exercise allows as well: every row in one shard, which is what the later steps need)."""
     # A batch the code refuses (as MXNet's even split does) has no sizes: the error is
     # charged here, and the other checks judge the batches that were split.
     for i in finished(seen):
@@ -191,7 +192,8 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
     hint="Take contiguous rows in order; do not shuffle or interleave.",
 )
 def shards_keep_the_row_order(seen, ctx):
-    """Put back together, the X shards are the batch, row for row."""
+    """Put back together, the X shards are the batch, row for row.
+    Property: the rows' order; a relation: the shards put back together against the batch."""
     # Rows left out, the rest in order (shards of the wrong sizes), are the sizes' cause.
     for i in finished(seen):
         (rows, k), result = UNEVEN[i], seen[i]["returned"]
@@ -213,7 +215,8 @@ def shards_keep_the_row_order(seen, ctx):
     hint="Split y exactly as X, so that shard i of y holds the labels of shard i of X.",
 )
 def labels_stay_with_their_examples(seen, ctx):
-    """Shard i of y holds the labels of the rows in shard i of X."""
+    """Shard i of y holds the labels of the rows in shard i of X.
+    Property: labels stay with their examples; a relation: y's shards against X's."""
     for i in finished(seen):
         (rows, k), result = UNEVEN[i], seen[i]["returned"]
         xs, ys = shards_seen(result)
@@ -238,7 +241,8 @@ def labels_stay_with_their_examples(seen, ctx):
     hint="Move shard i of X and of y to devices[i].",
 )
 def shards_land_on_their_devices(seen, ctx):
-    """Shard i of X and of y is on devices[i]."""
+    """Shard i of X and of y is on devices[i].
+    Property: where the shards are; against the reference (devices[i])."""
     for i in finished(seen):
         (rows, k), result = UNEVEN[i], seen[i]["returned"]
         xs, ys = shards_seen(result)
@@ -262,7 +266,8 @@ def shards_land_on_their_devices(seen, ctx):
     "{y.shape[0]} labels'.",
 )
 def rejects_mismatched_lengths_with_a_message(seen, ctx):
-    """Four examples with three labels raise an error whose message says what is wrong."""
+    """Four examples with three labels raise an error whose message says what is wrong.
+    Property: bad input is refused; against the reference (an error with a message)."""
     observe(
         raised_in(seen["right"]) is None,
         "book_demo_gives_rows_0_1_and_2_3",

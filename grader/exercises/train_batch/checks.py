@@ -336,8 +336,10 @@ UNEVEN_HINT = (
 @check(uneven_split, points=2, hint=UNEVEN_HINT)
 def uneven_split_steps_as_one_device_does(seen, ctx):
     """With shards of 4 and 3, every replica takes the step your own code takes on one
-    device with the same 7 examples. Property: unequal shards are weighed by their size; a
-    relation: the code against itself, blind to a step that is wrong on one device too."""
+    device with the same 7 examples.
+    Property: unequal shards are weighed by their size; a relation: the code against itself
+    (its step over two devices against its own step on one), blind to a step that is wrong on
+    one device too."""
     split, whole, *even = seen["runs"]
     replicas = replicas_after(split, 2)
     base = replicas_after(whole, 1)
@@ -366,8 +368,9 @@ def uneven_split_steps_as_one_device_does(seen, ctx):
     "to the bit: sum in one place and copy the total to every device.",
 )
 def replicas_stay_identical(seen, ctx):
-    """All replicas hold the same values after the step. Property: the replicas stay equal to
-    the bit; a relation: the replicas against one another."""
+    """All replicas hold the same values after the step.
+    Property: the replicas stay equal to the bit; a relation: the replicas against one
+    another."""
     # Exactly the same, so that they never drift apart. Replicas that differ by more than
     # rounding are off the SGD step as well, which every_replica_matches_one_sgd_step charges:
     # no relation tells such a gap from a wrong step, so only a gap within rounding is this
@@ -421,8 +424,9 @@ def each_device_runs_its_replica_on_its_shard(seen, ctx):
 )
 def nothing_carries_over_between_steps(seen, ctx):
     """A second call takes the step a first call would take from the same weights: nothing
-    (a gradient left from the first step, say) carries over into the next. Property: steps
-    are independent; a relation: a second step in a row against the same step afresh."""
+    (a gradient left from the first step, say) carries over into the next.
+    Property: steps are independent; a relation: a second step in a row against the same step
+    afresh."""
     # Whether a step is the right one is the other checks' concern.
     in_a_row, afresh = replicas_of(seen["in_a_row"], 2), replicas_of(seen["afresh"], 2)
     observe(

@@ -346,8 +346,9 @@ def initialises_weights_with_std_0_01(seen, ctx):
     "of net(X), call backward, then step the optimizer.",
 )
 def loss_falls_on_a_small_fixed_batch(seen, ctx):
-    """After ten epochs the training loss is lower than it was right after initialisation
-    (the weights of the first forward pass): a relation of the code's run with itself, blind
+    """After ten epochs the training loss is lower than it was right after initialisation.
+    Property: the loss falls; a relation: the code's run with itself (the loss after ten
+    epochs against the loss at the weights of the first forward pass, by at least 2%), blind
     to how the network was wrapped, which the wrapping check judges."""
     before = loss_of(the_start(seen))
     after = loss_of(seen["final"])

@@ -50,7 +50,8 @@ no_gpu = listing_with_gpus.using("no_gpu", "Pretend there is no GPU.", gpus=0)
     hint="Build [torch.device(f'cuda:{i}') for i in range(torch.cuda.device_count())].",
 )
 def lists_every_gpu(seen, ctx):
-    """With three GPUs it lists cuda:0, cuda:1 and cuda:2, in order."""
+    """With three GPUs it lists cuda:0, cuda:1 and cuda:2, in order.
+    Property: every GPU, in order; against the reference (the list named)."""
     expect_listing(seen, ["cuda:0", "cuda:1", "cuda:2"], _("3 GPUs"))
 
 
@@ -61,5 +62,6 @@ def lists_every_gpu(seen, ctx):
     "return [torch.device('cpu')] then.",
 )
 def gives_the_cpu_when_there_is_no_gpu(seen, ctx):
-    """With no GPU it returns [cpu], not an empty list."""
+    """With no GPU it returns [cpu], not an empty list.
+    Property: [cpu] without GPUs; against the reference (the list named)."""
     expect_listing(seen, ["cpu"], _("no GPU"))

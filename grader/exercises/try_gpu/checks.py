@@ -50,7 +50,8 @@ four_gpus = ask_with_gpus.using(
     hint="Return torch.device(f'cuda:{i}') when i < torch.cuda.device_count(); the default is i=0.",
 )
 def returns_gpu_i_when_it_exists(seen, ctx):
-    """With four GPUs, try_gpu(0), try_gpu(3) and try_gpu() give cuda:0, cuda:3 and cuda:0."""
+    """With four GPUs, try_gpu(0), try_gpu(3) and try_gpu() give cuda:0, cuda:3 and cuda:0.
+    Property: GPU i where it exists; against the reference (the devices named)."""
     picked = [seen[i] for i in (0, 1, 4)]
     expect_devices(
         picked, ["cuda:0", "cuda:3", "cuda:0"], _("4 GPUs"), "try_gpu(0), try_gpu(3), try_gpu()"
@@ -64,5 +65,6 @@ def returns_gpu_i_when_it_exists(seen, ctx):
     "return torch.device('cpu') when i >= torch.cuda.device_count().",
 )
 def returns_cpu_when_gpu_i_is_missing(seen, ctx):
-    """With four GPUs, try_gpu(4) and try_gpu(7) give the CPU."""
+    """With four GPUs, try_gpu(4) and try_gpu(7) give the CPU.
+    Property: the CPU for a GPU that is missing; against the reference (the CPU)."""
     expect_devices(seen[2:4], ["cpu", "cpu"], _("4 GPUs"), "try_gpu(4), try_gpu(7)")

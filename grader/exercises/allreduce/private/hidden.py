@@ -48,7 +48,8 @@ random_lists_of_tensors = given_lists.using(
     hint="Every tensor given must end holding the sum of all of them, in its own dtype.",
 )
 def matches_the_reference_on_random_lists(seen, ctx):
-    """On random lists, the tensors given hold what the reference allreduce gives."""
+    """On random lists, the tensors given hold what the reference allreduce gives.
+    Property: the sum of any list; against the reference allreduce."""
     # A difference has the cause of the public check that judges it on other lists (new
     # tensors put into the list, another dtype's sum, a wrong sum), which it names: it
     # charges only where that check passed.

@@ -19,7 +19,9 @@ parameters_that_require_grad = copy_in_place_then_change.using(
 
 @check(parameters_that_require_grad, points=2, hint=SAME_TENSOR_HINT)
 def copies_trainable_parameters_independently(seen, ctx):
-    """Parameters that already require grad still get independent leaf copies."""
+    """Parameters that already require grad still get independent leaf copies.
+    Property: the same, for parameters that require grad; against the reference (the values
+    expected), each cause a public check judges on plain tensors left to it (see=)."""
     # Each failure has the cause of a public check on plain tensors, which it names: it
     # charges only where that check passed (parameters that require grad are the new part).
     expected = dplab.lenet_params(seed=ctx.seed)

@@ -34,11 +34,11 @@ def pooling(layer) -> bool:
     hint="Match the book's layers: the same convolutions, global average pooling and linear layer.",
 )
 def same_layers_as_the_reference(seen, ctx):
-    """Property: the layers after the stem. The convolutions, poolings and linear layer that
-    resnet18(10) runs after the stem are the reference's, of the same shapes and kinds, in
-    any order (global pooling named by what it computes: the mean or the maximum). Compares
-    with the reference: the one check charged for a layer of the wrong kind, as global
-    max-pooling where the book averages."""
+    """The convolutions, poolings and linear layer that resnet18(10) runs after the stem are
+    the reference's, of the same shapes and kinds, in any order: a global pooling counts as
+    what it computes, the mean or the maximum.
+    Property: the layers after the stem; against the reference (its layers; the one check
+    charged for a layer of the wrong kind, as global max-pooling where the book averages)."""
     # A difference in the 1x1 shortcuts is shortcuts_only_where_the_shape_changes's cause,
     # one in the convolutions or linear layer the parameter count's, which it names: it
     # charges only where that passed. No other check sees the pooling, so this one charges it.

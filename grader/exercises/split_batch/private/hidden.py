@@ -33,10 +33,12 @@ random_batches_over_devices = given_batches.using(
     "sizes as even as can be.",
 )
 def matches_the_reference_on_random_batches(seen, ctx):
-    """Property: the split of any batch. On random batches, the shards are the reference
-    split_batch's; where the code cuts as evenly as can be instead (which the exercise
-    allows), they are the batch's rows cut at the same places, X and y alike. Compares with
-    the reference."""
+    """On random batches over 2 to 4 devices, the X and y shards are the reference
+    split_batch's, or the batch's rows cut at the same places where the shards are as even as
+    can be.
+    Property: the split of any batch; against the reference (the reference split_batch's
+    shards; where the code cuts as evenly as can be instead, which the exercise allows, the
+    batch's rows cut at the same places, X and y alike)."""
     # A difference has the cause of the public check that judges it on the numbered batches
     # (the shards' sizes, the order of the rows, the labels), which it names: it charges only
     # where that check passed. A refused batch is the sizes' cause too.

@@ -45,11 +45,12 @@ def devices_left_out(seen, replicas, seed: int) -> list[int]:
     "same batch: look for what is fixed to two devices (range(2), devices[:2], [0, 1]).",
 )
 def four_devices_step_as_two_do(seen, ctx):
-    """Property: the step on more than two devices. With 12 examples over four devices,
-    every replica takes the step the code itself takes over two devices with the same batch;
-    a relation: the code against itself, blind to a step that is wrong on two devices too.
-    The loop over all devices is hinted at only where a replica ran no forward pass, or
-    kept its weights while the others moved."""
+    """With 12 examples over four devices, every replica takes the step your own code takes
+    over two devices with the same batch.
+    Property: the step on more than two devices; a relation: the code against itself (its
+    step over four devices against its own over two), blind to a step that is wrong on two
+    devices too. The loop over all devices is hinted at only where a replica ran no forward
+    pass, or kept its weights while the others moved."""
     four, two, one = seen["runs"]
     replicas = replicas_after(four, 4)
     base = replicas_after(two, 2)

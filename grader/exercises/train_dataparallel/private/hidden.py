@@ -30,7 +30,10 @@ ten_epochs_without_batch_norm = training_run.using(
 )
 def training_matches_plain_sgd(seen, ctx):
     """From the weights of its first forward pass, training gives what plain minibatch SGD
-    gives (whether and how the network was wrapped is the wrapping check's)."""
+    gives.
+    Property: the training step; against the reference (plain minibatch SGD from the weights
+    of the first forward pass; whether and how the network was wrapped is the wrapping
+    check's)."""
     start = {k: v.value for k, v in the_start(seen).items()}
     net = tiny_net(0, batch_norm=False)
     net.load_state_dict(start)

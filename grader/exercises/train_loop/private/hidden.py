@@ -18,7 +18,8 @@ one_device = recorded_run.using(
 )
 def works_with_a_single_device(seen, ctx):
     """With one device, every step trains one replica on that device on every batch.
-    Property: the loop works with any number of devices; against the device given."""
+    Property: the loop works with any number of devices; against the reference (the device
+    given, one replica on it, every batch)."""
     # Steps in another order or number are visits_every_batch_once_per_epoch's cause.
     device = [str(ctx.devices[0])]
     got = [(e[1], len(e[2]), e[3], e[4]) for e in seen["log"] if e[0] == "step"]

@@ -8,7 +8,8 @@ one_gpu = listing_with_gpus.using("one_gpu", "Pretend there is exactly one GPU."
 
 @check(one_gpu, points=1, hint="With one GPU the list is [cuda:0], without the CPU.")
 def lists_the_single_gpu(seen, ctx):
-    """With one GPU it returns [cuda:0]."""
+    """With one GPU it returns [cuda:0].
+    Property: a single GPU is listed; against the reference (the list named)."""
     # The property of lists_every_gpu with a single GPU: it charges only where that passed.
     try:
         expect_listing(seen, ["cuda:0"], _("1 GPU"))

@@ -8,7 +8,8 @@ no_gpu = ask_with_gpus.using("no_gpu", "Pretend there is no GPU at all.", gpus=0
 
 @check(no_gpu, points=1, hint="On a machine without GPUs every index gives torch.device('cpu').")
 def returns_cpu_on_a_machine_without_gpus(seen, ctx):
-    """Without GPUs, try_gpu(0), try_gpu(1) and try_gpu() give the CPU."""
+    """Without GPUs, try_gpu(0), try_gpu(1) and try_gpu() give the CPU.
+    Property: the CPU on a machine without GPUs; against the reference (the CPU)."""
     # The property of returns_cpu_when_gpu_i_is_missing on a machine with none: it charges
     # only where that check passed.
     try:
