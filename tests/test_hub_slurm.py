@@ -22,7 +22,12 @@ import running  # noqa: E402
 from lab_hub import remove_account  # noqa: E402
 
 from tests.slurm_cluster import cluster_missing, one_node_cluster  # noqa: E402
-from tests.test_hub import A_RIGHT_TRY_GPU_CHECKED, NOTEBOOKS, lent_python  # noqa: E402
+from tests.test_hub import (  # noqa: E402
+    A_RIGHT_TRY_GPU_CHECKED,
+    NOTEBOOKS,
+    closed_lab,
+    lent_python,
+)
 
 pytestmark = pytest.mark.slow
 CONFIG = REPO / "docs" / "hub" / "slurm_config.py"
@@ -62,8 +67,9 @@ def hub(slurm, tmp_path_factory):
         python = lent_python(homes)
         lend_singleuser(python)
         prefix = f"t{secrets.token_hex(2)}-"
+        folder = tmp_path_factory.mktemp("hub")
         hub = SlurmHub(
-            tmp_path_factory.mktemp("hub"), [STUDENT], HUB_HOMES=str(homes),
+            folder, [STUDENT], lab=closed_lab(folder), HUB_HOMES=str(homes),
             HUB_USER_PREFIX=prefix, HUB_PYTHON=python, HUB_SLURM_PARTITION=slurm.partition,
             HUB_SLURM_GPUS="1", HUB_SLURM_CPUS="1", HUB_SLURM_MEM="1G", HUB_SLURM_TIME="10:00",
             HUB_SLURM_WAIT="90", SLURM_CONF=str(slurm.conf),

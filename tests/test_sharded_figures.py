@@ -3,6 +3,8 @@ bytes per rank of the lab's ResNet-18 with Adam (11,175,818 parameters, float32)
 ring's two halves on the notebook's demo of three processes with seven values each."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,7 +147,9 @@ def stage_2_on_padded_chunks(steps: int = 3) -> list[torch.Tensor]:
     return [p.detach() for p in net.parameters()]
 
 
-def test_stage_2_follows_a_stage_1_that_pads_each_parameter():
+def padded_stage_2_gap() -> float:
+    """The largest difference between the weights of stage 2 on padded chunks, on three
+    ranks, and Adam's in one process on the same batches."""
     from torch import nn
 
     torch.manual_seed(0)
@@ -157,6 +161,20 @@ def test_stage_2_follows_a_stage_1_that_pads_each_parameter():
         nn.functional.cross_entropy(net(X), torch.arange(12) % 3).backward()
         adam.step()
     done = dplab.launch(stage_2_on_padded_chunks, nprocs=3, backend="gloo", show=False)
-    for weights in done.results:
-        for got, wanted in zip(weights, net.parameters(), strict=True):
-            torch.testing.assert_close(got, wanted.detach(), rtol=1e-5, atol=1e-6)
+    return max(
+        (got - wanted.detach()).abs().max().item()
+        for weights in done.results
+        for got, wanted in zip(weights, net.parameters(), strict=True)
+    )
+
+
+def test_stage_2_follows_a_stage_1_that_pads_each_parameter():
+    """In a fresh process: the ranks are forked, which autograd's threads in a process that
+    has trained before (a test worker's) do not survive."""
+    said = subprocess.run(
+        [sys.executable, "-c", "from tests.test_sharded_figures import padded_stage_2_gap as g; "
+         "print(g())"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert said.returncode == 0, said.stderr[-3000:]
+    assert float(said.stdout.split()[-1]) < 1e-5

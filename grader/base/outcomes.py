@@ -23,6 +23,13 @@ class Fail(Exception):
         self.see = see
 
 
+class Stopped(Fail):
+    """A group of ranks did not finish: it deadlocked, ran out of time, or lost a rank. The
+    check that owns the cause charges it; another check that names that one (`see`) saw
+    nothing of its own property where that one fails too, and earns nothing for it
+    (grader.judge.verdicts.paid_once)."""
+
+
 class Unobserved(Exception):
     """A check cannot see its property, because what it looks at is missing for a cause that
     check `until` judges (copies that are not a list of tensors, say): it earns nothing and
@@ -159,6 +166,13 @@ class Crash(Exception):
         self.every_call = every_call
         self.calls = calls
         self.see = see  # the check that charges for this error, where it does (as Fail's)
+
+
+# Errors of a whole group of ranks, not of a call the student's code made in it: a rank's
+# process died, or gloo stopped the group for calls that did not match (grader.ranks.judging);
+# and the grader's refusals (grader.sandbox.audit, grader.ranks.pools). A check that met one
+# saw nothing of its own property.
+GROUP_CRASHES = ("RankFailed", "CallsMismatched", "Fenced", "Tampered")
 
 
 @contextmanager

@@ -4,8 +4,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from grader.api import Check, Context, Crash, Fail, Raised, Unobserved, raised_in
+from grader.api import Check, Context, Crash, Fail, Raised, Stopped, Unobserved, raised_in
 from grader.base.check_devices import DEVICES, grading_devices
+from grader.base.outcomes import GROUP_CRASHES
 from grader.base.protocol import CaseOutcome
 from grader.base.values import unpack
 from grader.judge.registry import diagnoser
@@ -132,6 +133,7 @@ class Verdict:
     see: str | None = None
     observed: bool = True  # False: failed without seeing its property (no outcome, a gate,
     # every call raised, or Unobserved): nothing is charged for a cause of its own
+    stopped: bool = False  # its group of ranks never finished (Stopped, a group's crash)
 
     @property
     def charged(self) -> bool:
@@ -208,6 +210,7 @@ class _Judging:
             verdict = self.crashed(crash.raised, crash.every_call, crash.calls)
             verdict.observed = not crash.every_call
             verdict.see = crash.see
+            verdict.stopped = crash.raised.type in GROUP_CRASHES
             return verdict
         except Unobserved as blind:
             return self.unjudged(
@@ -222,6 +225,7 @@ class _Judging:
                 return self.stopped_early(fail, crash)
             verdict = self.failed(_(fail.message), fail.hint)
             verdict.see = fail.see
+            verdict.stopped = isinstance(fail, Stopped)
             return verdict
         except Exception as error:  # a result of a shape the check did not foresee
             return self.failed(
@@ -337,22 +341,34 @@ def paid_once(judged: list[Verdict]) -> None:
     """Give its points back to each check that failed for a cause another check owns, where
     that check saw its property fail for a cause of its own (or, in turn, for one a third
     check charges); its message names the check that charges (see grader.api.Fail). A check
-    that saw nothing (not judged, or every call raised) charges for nothing."""
-    failed = {v.result.name: v for v in judged if not v.result.passed and v.observed}
+    that saw nothing (not judged, or every call raised) charges for nothing, and gets no
+    points back either: code that never finished a call earns none for it. Nor does a check
+    whose ranks never finished (a deadlock, a limit) where the check that owns that cause
+    failed too: it saw nothing of its own property, and fails without charging."""
+    failed = {v.result.name: v for v in judged if not v.result.passed}
 
     def charging(name: str | None) -> str | None:
         """Return the last failed check of the chain of `see`s from `name` (a chain that
-        ends at a check that passed ends with the one before it), or None in a loop."""
+        ends at a check that passed ends with the one before it), or None in a loop. A
+        check on the chain that saw nothing (every call raised) failed for the cause too."""
         chain: list[str] = []
         while name in failed and name not in chain:
             chain.append(name)
             name = failed[name].see
         return None if name in chain or not chain else chain[-1]
 
-    owners = {id(v): charging(v.see) for v in judged if v.see is not None}
+    owners = {id(v): charging(v.see) for v in judged if v.see is not None and v.observed}
     for v in judged:
         owner = owners.get(id(v))
-        if owner is not None:
+        if owner is not None and v.stopped:  # ranks that never finished show it nothing
+            v.observed = False
+            said = v.result.message.splitlines()[0]
+            said = said if len(said) <= 100 else said[:99] + "…"
+            v.result.message = _(
+                "could not judge this: the ranks did not finish ({said}); `{check}` charges "
+                "for that"
+            ).format(said=said, check=owner)
+        elif owner is not None:
             r = v.result
             r.passed, r.points, r.hint = True, r.max_points, ""
             said = r.message.splitlines()[0]

@@ -2,7 +2,7 @@
 
 from typing import NamedTuple
 
-from grader.base.outcomes import Crash, Fail, Raised, raised_in
+from grader.base.outcomes import Crash, Fail, Raised, Stopped, raised_in
 from labtext import N_, _
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
@@ -44,11 +44,11 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
         kind = group.get("kind")
         said = _("{label}: {failed}").format(label=label, failed=group["failed"])
         if kind == "hung" and group.get("finished"):
-            raise Fail(said)  # the check's own hint names the call
+            raise Stopped(said)  # the check's own hint names the call
         if kind == "hung":
-            raise Fail(said, DEADLOCK_HINT)
+            raise Stopped(said, DEADLOCK_HINT)
         if kind in ("limit", "stopped"):
-            raise Fail(said)
+            raise Stopped(said)
         if kind == "mismatch":
             raise Crash(
                 Raised(
@@ -69,7 +69,7 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
     if crashed and len(lost) == len(crashed) and len(crashed) < len(ranks):
         # Only "peer gone" errors: a rank returned while the others still waited for it.
         left = [r for r in range(len(ranks)) if r not in lost]
-        raise Fail(
+        raise Stopped(
             _(
                 "{label}: rank(s) {returned} returned while rank(s) {waiting} still waited for "
                 "them in a call to torch.distributed (which then failed: the connection was "
@@ -90,8 +90,22 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
 
 
 def groups_finished(groups: list[dict], what: str = "") -> list[tuple[int, list[dict]]]:
-    """Return (world size, ranks) for every group, failing as `expect_ranks_finished` does."""
-    return [(g["world_size"], expect_ranks_finished(g, what)) for g in groups]
+    """Return (world size, ranks) for every group, failing as `expect_ranks_finished` does
+    for the first group that did not finish; where the code raised in every group, the
+    check saw no call finish (Crash's `every_call`), and fails without charging."""
+    finished, failures = [], []
+    for g in groups:
+        try:
+            finished.append((g["world_size"], expect_ranks_finished(g, what)))
+        except (Crash, Fail) as failure:
+            failures.append(failure)
+    if failures:
+        first = failures[0]
+        crashed_everywhere = all(isinstance(f, Crash) for f in failures) and not finished
+        if crashed_everywhere and isinstance(first, Crash):
+            first.every_call, first.calls = True, len(failures)
+        raise first
+    return finished
 
 
 def ranks_that_returned(
