@@ -341,23 +341,27 @@ def paid_once(judged: list[Verdict]) -> None:
     """Give its points back to each check that failed for a cause another check owns, where
     that check saw its property fail for a cause of its own (or, in turn, for one a third
     check charges); its message names the check that charges (see grader.api.Fail). A check
-    that saw nothing (not judged, or every call raised) charges for nothing, and gets no
-    points back either: code that never finished a call earns none for it. Nor does a check
-    whose ranks never finished (a deadlock, a limit) where the check that owns that cause
-    failed too: it saw nothing of its own property, and fails without charging."""
-    failed = {v.result.name: v for v in judged if not v.result.passed}
+    that saw nothing (not judged, or every call raised) charges for nothing. A check whose
+    ranks never finished (a deadlock, a limit, the grader's refusal) where the check that
+    owns that cause failed too gets no points back: it saw nothing of its own property,
+    and fails without charging."""
+    failed = {
+        v.result.name: v
+        for v in judged
+        if not v.result.passed and (v.observed or v.crash is not None)
+    }
 
     def charging(name: str | None) -> str | None:
         """Return the last failed check of the chain of `see`s from `name` (a chain that
-        ends at a check that passed ends with the one before it), or None in a loop. A
-        check on the chain that saw nothing (every call raised) failed for the cause too."""
+        ends at a check that passed, or was not judged, ends with the one before it), or None
+        in a loop. A check on the chain whose every call raised failed for the cause too."""
         chain: list[str] = []
         while name in failed and name not in chain:
             chain.append(name)
             name = failed[name].see
         return None if name in chain or not chain else chain[-1]
 
-    owners = {id(v): charging(v.see) for v in judged if v.see is not None and v.observed}
+    owners = {id(v): charging(v.see) for v in judged if v.see is not None}
     for v in judged:
         owner = owners.get(id(v))
         if owner is not None and v.stopped:  # ranks that never finished show it nothing
