@@ -341,7 +341,9 @@ def paid_once(judged: list[Verdict]) -> None:
     """Give its points back to each check that failed for a cause another check owns, where
     that check saw its property fail for a cause of its own (or, in turn, for one a third
     check charges); its message names the check that charges (see grader.api.Fail). A check
-    that saw nothing (not judged, or every call raised) charges for nothing. A check whose
+    that saw nothing (not judged, or every call raised) charges for nothing, and gets its
+    points back only where the owner saw its cause (code that finished no call anywhere
+    earns nothing). A check whose
     ranks never finished (a deadlock, a limit, the grader's refusal) where the check that
     owns that cause failed too gets no points back: it saw nothing of its own property,
     and fails without charging."""
@@ -364,6 +366,8 @@ def paid_once(judged: list[Verdict]) -> None:
     owners = {id(v): charging(v.see) for v in judged if v.see is not None}
     for v in judged:
         owner = owners.get(id(v))
+        if owner is not None and not v.observed and not failed[owner].observed:
+            owner = None  # no call finished here nor for the owner: the code did no work
         if owner is not None and v.stopped:  # ranks that never finished show it nothing
             v.observed = False
             said = v.result.message.splitlines()[0]
