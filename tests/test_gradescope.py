@@ -17,6 +17,7 @@ import pytest
 
 from grader.benchmarks.grade import make_class
 from grader.manifest import load_manifest
+from tests.cgroups import LimitedGroup
 from tests.conftest import EXERCISES, python
 
 pytestmark = pytest.mark.slow
@@ -59,12 +60,13 @@ def bundle(tmp_path_factory):
     return write_bundle(tmp_path_factory.mktemp("bundle") / "autograder.zip")
 
 
-def autograde(bundle, tmp_path, files, email="ann@example.org", env=None) -> dict:
-    """Unpack the zip as Gradescope does, put `files` in submission/, run run_autograder."""
+def autograde(bundle, tmp_path, files, email="ann@example.org", env=None, prefix=()) -> dict:
+    """Unpack the zip as Gradescope does, put `files` in submission/, run run_autograder
+    (after the words of `prefix`)."""
     root = unpacked(bundle, tmp_path / "autograder")
     hand_in(root, files, email)
     env = {**os.environ, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": python(), **(env or {})}
-    done = subprocess.run([str(root / "source" / "run_autograder")], env=env,
+    done = subprocess.run([*prefix, str(root / "source" / "run_autograder")], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((root / "results" / "results.json").read_text())
@@ -189,6 +191,25 @@ def test_a_grader_killed_for_memory_leaves_a_result_that_says_so(bundle, tmp_pat
     assert said.startswith("The autograder stopped before it finished") and "memory" in said
     assert "this score of 0 is not your grade" in said
     assert "Instructor: give the autograder 3 GB of memory or more" in said
+
+
+def test_a_grader_the_kernel_kills_for_memory_leaves_a_result_that_says_so(bundle, tmp_path):
+    """Under Gradescope's default limits, 768 MB and half a CPU, in a cgroup of its own: the
+    kernel kills the grader, nothing it started lives on, so the step after it has the
+    memory to write results.json. (Children that lived on while they imported torch took
+    that memory, and the student got Gradescope's bare failure.)"""
+    group = LimitedGroup(memory=768 * 2**20, cpus=0.5)
+    try:
+        make_class(tmp_path / "class", 1)
+        notebooks = sorted((tmp_path / "class" / "student01" / "multigpu").glob("*.ipynb"))
+        env = {"GRADER_WARM_SECONDS": "0"}  # as on Gradescope: one grade, no server to keep
+        results = autograde(bundle, tmp_path, notebooks, env=env, prefix=group.prefix())
+        assert group.kills() >= 1, "the kernel killed nothing: the test did not run out"
+    finally:
+        group.remove()
+    assert results["score"] == 0 and results["tests"] == []
+    said = results["output"]
+    assert said.startswith("The autograder stopped before it finished") and "memory" in said
 
 
 def test_a_grader_that_fails_leaves_its_last_lines_in_the_students_language(bundle, tmp_path):

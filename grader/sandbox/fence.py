@@ -44,11 +44,13 @@ import os
 import resource
 import shlex
 import shutil
+import signal
 import site
 import subprocess
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -167,7 +169,8 @@ def _mask_script(uid: int | None, tmp: Path | None = None, memory_gib: float = 0
     lines = [
         "set -e",
         "mount --make-rprivate /",
-        f'"$1" -I -S -c {shlex.quote(LOOPBACK_UP)} 2>/dev/null || true',
+        # (ending with this shell, as everything the grader starts ends with it)
+        f'setpriv --pdeathsig=KILL "$1" -I -S -c {shlex.quote(LOOPBACK_UP)} 2>/dev/null || true',
     ]
     lines += [
         f"mount -t tmpfs -o size=16k,mode=000 tmpfs {shlex.quote(str(p))}" for p in private_paths()
@@ -175,7 +178,10 @@ def _mask_script(uid: int | None, tmp: Path | None = None, memory_gib: float = 0
     if tmp is not None:  # (where it cannot be mounted, the folder is used as it is)
         options = private_tmp(uid, memory_gib)
         lines.append(f"mount -t tmpfs -o {options} tmpfs {shlex.quote(str(tmp))} || true")
-    drop = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
+    # A change of user clears what the grader set for the child to end with it
+    # (dplab.processes.ending_with_this_process): setpriv sets it again after its own.
+    drop = ["setpriv", "--pdeathsig=KILL", "--no-new-privs", "--inh-caps=-all"]
+    drop.append("--bounding-set=-all")
     if uid is not None:
         drop += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     lines.append("exec " + " ".join(drop) + ' "$@"')
@@ -234,6 +240,7 @@ def _probe(fence: Fence) -> bool | None:
             stdin=subprocess.DEVNULL,
             cwd="/",
             env=with_import_path(dict(os.environ)),
+            preexec_fn=ending_with_this_process(),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -368,6 +375,30 @@ def enter(
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
     _drop_capabilities(libc)
+
+
+# ---- ending with the grader ----------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
+
+
+def ending_with_this_process() -> Callable[[], None]:
+    """Return what a process forked from this one runs first (a `preexec_fn` for Popen, or
+    the fork server's first step in a forked child): the kernel is to kill it when this
+    process ends, even by `kill -9` or for memory, and it ends at once if this one already
+    has. A child still importing torch when its grader was killed for memory lived on for
+    seconds, holding the memory that the report of the grader's end needed. The signal comes
+    when the *thread* that forked it ends, so fork from a thread that waits for the child.
+    A change of user clears it: run it again after one (dplab.processes.end_with_parent
+    does the same for ranks)."""
+    parent, prctl, kill = os.getpid(), _libc().prctl, int(signal.SIGKILL)
+
+    def arm() -> None:  # between fork and exec: nothing to import, no lock to take
+        prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 MAX_FILE = 256 * 2**20  # no file the child writes may grow beyond this

@@ -17,6 +17,7 @@ from grader.sandbox.collected import Limits
 from grader.sandbox.fence import (
     Fence,
     choose_fence,
+    ending_with_this_process,
     limit_process,
     next_child_uid,
     private_paths,
@@ -133,27 +134,42 @@ def start_child(
                 return server.fork(order, report_fd, reply_fd, log.fileno())
             except OSError:  # the server has gone: start this child afresh
                 pass
-        proc = subprocess.Popen(
-            [
-                *fence.prefix(uid, scratch / "tmp", limits.memory_gib),
-                sys.executable,
-                "-X",
-                "faulthandler",
-                "-m",
-                "grader.sandbox.child",
-                str(request),
-                str(os.getpid()),
-            ],
-            cwd=scratch,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(report_fd, reply_fd),
-            start_new_session=True,
-        )
+        proc = _start_afresh(request, fence, uid, scratch, limits, env, log, (report_fd, reply_fd))
     try:
         limit_process(proc.pid, limits.memory_gib)
     except (ProcessLookupError, PermissionError):
         pass  # it has already ended, or the system does not allow it
     return proc
+
+
+def _start_afresh(
+    request: Path,
+    fence: Fence,
+    uid: int | None,
+    scratch: Path,
+    limits: Limits,
+    env: dict[str, str],
+    log,
+    fds: tuple[int, int],
+) -> subprocess.Popen:
+    """Start the child as a new Python, behind `fence`, ending with the grader."""
+    return subprocess.Popen(
+        [
+            *fence.prefix(uid, scratch / "tmp", limits.memory_gib),
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-m",
+            "grader.sandbox.child",
+            str(request),
+            str(os.getpid()),
+        ],
+        cwd=scratch,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        pass_fds=fds,
+        start_new_session=True,
+        preexec_fn=ending_with_this_process(),  # this thread waits for it (run_child)
+    )

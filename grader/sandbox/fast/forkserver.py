@@ -47,6 +47,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from grader.sandbox.fence import (
     FenceError,
     can_read,
     child_limits,
+    ending_with_this_process,
     enter,
     needed_paths,
 )
@@ -77,10 +79,12 @@ def _close_other_descriptors(keep: set[int]) -> None:
                 pass
 
 
-def become_child(order: ForkOrder, fds: list[int]) -> None:
-    """In a freshly forked process: close, limit and fence it, then run the child; exits."""
+def become_child(order: ForkOrder, fds: list[int], end_with_server: Callable[[], None]) -> None:
+    """In a freshly forked process: close, limit and fence it, then run the child; exits.
+    It ends with the server that forked it, which the kernel may kill for memory."""
     code = 1
     try:
+        end_with_server()
         os.setsid()
         report_fd, reply_fd, log_fd, _status = fds
         os.dup2(log_fd, 1)
@@ -103,6 +107,7 @@ def become_child(order: ForkOrder, fds: list[int]) -> None:
             Path(order.tmp) if order.tmp else None,
             order.memory_gib,
         )
+        end_with_server()  # again: a user of its own cleared it
         scratch = order.scratch
         os.chdir(scratch)
         os.environ.clear()
@@ -223,10 +228,11 @@ class Requests:
     def fork(self, order: ForkOrder, fds: list[int]) -> None:
         """Fork a child for `order` (see become_child), which takes `fds`; tell the grader
         its pid on its status pipe, which the server keeps."""
+        end_with_server = ending_with_this_process()
         pid = os.fork()
         if pid == 0:
             self.control.close()
-            become_child(order, fds)
+            become_child(order, fds, end_with_server)
         for fd in fds[:3]:
             os.close(fd)
         self.children[pid] = fds[3]
@@ -345,8 +351,9 @@ class ForkServer:
             self._socket = attached
             return
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with open(log, "ab") as out:
-            self._process = subprocess.Popen(
+        with open(log, "ab") as out:  # (started by the thread that stays: see _STARTER)
+            self._process = _STARTER.submit(
+                subprocess.Popen,
                 [
                     sys.executable,
                     "-m",
@@ -361,7 +368,8 @@ class ForkServer:
                 stderr=out,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
-            )
+                preexec_fn=ending_with_this_process(),
+            ).result()
         theirs.close()
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
@@ -420,6 +428,11 @@ class ForkServer:
             self._process.wait()
 
 
+# A server ends with the grader, even one killed for memory (the kernel kills it: see
+# ending_with_this_process), and its children end with it. The kernel follows the *thread*
+# that started it, so it is started from this one, which lives as long as the grader; a
+# server restarted from a thread that grades one submission would end with that thread.
+_STARTER = ThreadPoolExecutor(1, thread_name_prefix="fork-server-start")
 _shared: ForkServer | None = None
 _shared_lock = threading.Lock()
 
