@@ -22,6 +22,7 @@ from pathlib import Path
 
 import labtext
 from grader.base.check_devices import DEVICES
+from grader.base.limits import Limits
 from grader.base.protocol import Note
 from grader.judge.registry import exercise_checks, narrowed
 from grader.judge.results import ExerciseResult, SubmissionResult, submission_result
@@ -30,7 +31,7 @@ from grader.judge.verdicts import judge_reported, not_checked
 from grader.load.reference import available, reference
 from grader.load.submission import Submission, find_submission, unfit_by_notebook
 from grader.manifest import Exercise, load_manifest
-from grader.sandbox.collected import Limits, Phases
+from grader.sandbox.collected import Phases
 from grader.sandbox.starting import stop_all_children
 from grader.sandbox.supervisor import run_isolated
 

@@ -126,3 +126,31 @@ def test_code_that_waits_is_stopped_and_grading_goes_on(tmp_path):
     assert score(sub, "try_all_gpus") == 0
     assert "computed nothing for 3 s" in messages(sub, "try_all_gpus")
     assert score(sub, "try_gpu") == exercise_points(MANIFEST.exercise("try_gpu"))
+
+
+SLEEPS_IN_A_RANK = (
+    "def ring_allreduce(tensor):\n"
+    "    import time\n"
+    "    import torch.distributed as dist\n"
+    "    if dist.get_rank() == 1:\n"
+    "        time.sleep(3600)\n"
+    "    dist.all_reduce(tensor)\n"
+    "    return tensor"
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "seconds"),
+    [((), 5), (("--idle-timeout", "2"), 2), (("--group-idle-timeout", "3"), 3)],
+)
+def test_the_idle_limit_reaches_the_ranks(options, seconds, tmp_path):
+    """A rank that sleeps in Python (no early deadlock call: it may wake) is stopped once its
+    group has computed nothing for the group's idle limit: 5 s, or less where the child's
+    own idle limit is less (the child waiting on it would be stopped then), or as set."""
+    folder = tmp_path / "sleepy" / MANIFEST.assignment
+    cells = replacing("ring_allreduce", SLEEPS_IN_A_RANK, "distributed.ipynb")
+    write_notebook(folder / "distributed.ipynb", *cells)
+    (sub,) = grade(folder, "-e", "ring_allreduce", *options).values()
+    assert score(sub, "ring_allreduce") == 0
+    said = messages(sub, "ring_allreduce")
+    assert f"rank 1 computed nothing for {seconds} s" in said, said

@@ -21,8 +21,11 @@ It is read with `ast`, whatever the variable's name:
 """
 
 import ast
+import dataclasses
 import fnmatch
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -429,18 +432,31 @@ def test_the_settings_modules_declare_every_variable_once():
 
 
 def test_docs_list_every_setting_with_its_default_and_what_it_does():
+    """Each variable, and each grading limit's option (grader.base.limits), has its row."""
+    from grader.base.limits import OPTIONS, Limits
+
     text = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
     rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| `")}
-    wrong = [
-        expected
+    expected = {
+        f"`{s.name}`": f"| `{s.name}` | {f'`{s.default}`' if s.default else '(none)'} | {s.help} |"
         for s in SETTINGS
-        if rows.get(f"`{s.name}`")
-        != (
-            expected := f"| `{s.name}` | {f'`{s.default}`' if s.default else '(none)'} | {s.help} |"
-        )
-    ]
+    }
+    for name, (flag, said) in OPTIONS.items():
+        expected[f"`{flag}`"] = f"| `{flag}` | `{getattr(Limits(), name):g}` | {said} |"
+    wrong = [row for key, row in expected.items() if rows.get(key) != row]
     assert not wrong, "docs/settings.md should have these rows:\n" + "\n".join(wrong)
-    declared = {f"`{s.name}`" for s in SETTINGS}
-    assert not set(rows) - declared, (
-        f"docs/settings.md lists what nothing declares: {set(rows) - declared}"
+    assert not set(rows) - set(expected), (
+        f"docs/settings.md lists what nothing declares: {set(rows) - set(expected)}"
     )
+
+
+def test_every_limit_is_an_option_of_grade():
+    """Each grading limit (grader.base.limits) is an option of `grade`, with its default."""
+    from grader.base.limits import OPTIONS, Limits
+
+    assert set(OPTIONS) == {f.name for f in dataclasses.fields(Limits)}
+    shown = subprocess.run([sys.executable, "-m", "grader", "grade", "--help"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    shown = " ".join(shown.split())
+    for name, (flag, said) in OPTIONS.items():
+        assert f"{flag} " in shown and f"{said} (default: {getattr(Limits(), name):g})" in shown

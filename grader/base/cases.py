@@ -9,6 +9,7 @@ from unittest import mock
 
 import torch
 
+from grader.base.limits import Limits
 from grader.base.outcomes import MissingFunction, Raised
 from labtext import N_, _
 
@@ -30,10 +31,17 @@ class Context:
 class Student:
     """The student's namespace, seen through the exercise's function name."""
 
-    def __init__(self, namespace: dict, function: str, where: str = N_("the notebook")) -> None:
+    def __init__(
+        self,
+        namespace: dict,
+        function: str,
+        where: str = N_("the notebook"),
+        limits: Limits | None = None,
+    ) -> None:
         self.namespace = namespace
         self.function = function
         self.where = where
+        self.limits = limits or Limits()  # what its code may use (its groups of ranks too)
 
     @property
     def fn(self) -> Callable:

@@ -15,6 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from grader.base.limits import Limits
+
 
 @dataclass(frozen=True)
 class CaseOutcome:
@@ -98,7 +100,7 @@ class ChildRequest:
     threads: int
     scratch: str  # the child's own folder
     private: list[str]  # folders it must not read (grader.sandbox.fence)
-    check_seconds: float  # processor time per case and thread (0: no limit)
+    limits: Limits  # what its cases and their ranks may use
     skip: dict[str, list[list[int]]]  # notebook -> [cell, line] of statements not to run
     notebooks: dict[str, str]  # notebook -> its copy in the scratch folder
     # [exercise, [[case name, [module, attribute], arguments], ...]], in the order to run

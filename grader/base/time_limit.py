@@ -23,11 +23,6 @@ def processor_seconds() -> float:
     return time.process_time()
 
 
-# The processor-time limit of the case running now (None: none): the ranks that a case starts
-# (grader.ranks) get it too, all of them together.
-case_seconds: list[float | None] = [None]
-
-
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
     """Raise TimeLimit in the block once it has used `seconds` of processor time per thread
@@ -52,10 +47,8 @@ def time_limit(seconds: float | None) -> Iterator[None]:
     previous = signal.signal(signal.SIGPROF, stop)
     # Processor time adds up over PyTorch's threads: each of them may use the limit.
     signal.setitimer(signal.ITIMER_PROF, seconds * max(1, torch.get_num_threads()))
-    case_seconds[0] = seconds
     try:
         yield
     finally:
-        case_seconds[0] = None
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, previous)

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import TextIO
 
 import labtext
+from grader.base.limits import OPTIONS, Limits
 from grader.front.grade_class import Outputs, expand, grade_class, one_slice
-from grader.grading import Limits, grade_submission, prefetch, select_exercises
+from grader.grading import grade_submission, prefetch, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Manifest, load_manifest
@@ -47,39 +48,18 @@ def mistake_table(exercises: list[str] | None = None) -> str:
 
 
 def add_limits(p: argparse.ArgumentParser) -> None:
-    """The limits every grading child runs under."""
+    """The limits every grading child runs under (grader.base.limits)."""
     d = Limits()
-    p.add_argument(
-        "--check-timeout",
-        type=float,
-        default=d.check_seconds,
-        metavar="S",
-        help="processor time one check may use, in seconds per thread; a busy machine does "
-        "not count against it; 0 for none (default: %(default)g)",
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=d.idle_seconds,
-        metavar="S",
-        help="stop a check that computes nothing for this long, in seconds (time.sleep, "
-        "input()); 0 for never (default: %(default)g)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=d.exercise_seconds,
-        metavar="S",
-        help="wall-time limit of one exercise, in seconds: a backstop, never reached by "
-        "code that computes at a normal pace (default: %(default)g)",
-    )
-    p.add_argument(
-        "--memory",
-        type=float,
-        default=d.memory_gib,
-        metavar="GIB",
-        help="memory limit of a grading process, in GiB; 0 for none (default: %(default)g)",
-    )
+    for name, (flag, said) in OPTIONS.items():
+        kind = "GIB" if name == "memory_gib" else "S"
+        p.add_argument(
+            flag,
+            dest=name,
+            type=float,
+            default=getattr(d, name),
+            metavar=kind,
+            help=said + " (default: %(default)g)",
+        )
 
 
 def shard_spec(text: str) -> tuple[int, int]:
@@ -98,7 +78,7 @@ def shard_spec(text: str) -> tuple[int, int]:
 
 
 def limits_of(args: argparse.Namespace) -> Limits:
-    return Limits(args.check_timeout, args.timeout, args.memory, args.idle_timeout)
+    return Limits(**{name: getattr(args, name) for name in OPTIONS})
 
 
 NBGRADER_FEEDBACK = (

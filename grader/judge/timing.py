@@ -9,11 +9,12 @@ MARGIN times the reference's time; otherwise the message gives both times.
 from dataclasses import replace
 
 from grader.api import Check
+from grader.base.limits import Limits
 from grader.base.protocol import CaseOutcome
 from grader.load.reference import available
 from grader.load.submission import Submission
 from grader.manifest import solutions_dir
-from grader.sandbox.collected import Collected, Limits
+from grader.sandbox.collected import Collected
 from grader.sandbox.supervisor import run_isolated
 from grader.sandbox.watching import PROCESSOR_TIME
 

@@ -8,7 +8,6 @@ from typing import Any
 from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
 from dplab.rank_watch import LIBRARY_PARTS
 from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
-from grader.base.time_limit import case_seconds
 from grader.ranks.judging import MISMATCH
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up
 from grader.ranks.plugins import backend_plugins_known
@@ -17,11 +16,6 @@ from grader.ranks.side_by_side import GroupStopped, launch_each
 from labtext import _
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
-# Ranks that together compute next to nothing this long are deadlocked (those blocked in
-# torch.distributed, found idle and deaf to Python, sooner: dplab.rank_watch.QUIET_SECONDS).
-IDLE_SECONDS = 5.0
-CPU_SECONDS = 60.0  # processor time of one group, all ranks together
-WALL_SECONDS = 300.0  # a backstop
 
 # A stuck rank's stack shows the student's frames alone: none of the grader's (grader/).
 LIBRARY_PARTS.append(os.path.dirname(os.path.dirname(__file__)) + os.sep)
@@ -71,7 +65,8 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
     sooner in a small group, and the large ones would only wait on).
     `factory` is a function of the checks module (or a functools.partial of one with plain
     arguments): in `rank_pools`, ranks forked for an earlier case run it. Together the groups
-    may use the case's processor-time limit (CPU_SECONDS outside a grade). A stub stops the
+    may use the case's processor-time limit, and each the group limits
+    (`student.limits`: grader.base.limits). A stub stops the
     case as it would anywhere else. Every rank's body calls the student's function, so a
     missing function or an untouched stub (`untouched_stub`) stops it before any process
     starts, with the error every rank would have met."""
@@ -80,13 +75,7 @@ def in_every_size(factory: Callable, student, sizes=WORLD_SIZES) -> list[dict]:
     stub = untouched_stub(student.fn)  # (student.fn raises MissingFunction, as a rank would)
     if stub is not None:
         raise stub
-    limits = dict(
-        backend="gloo",
-        timeout=WALL_SECONDS,
-        idle_timeout=IDLE_SECONDS,
-        cpu_limit=(case_seconds[0] or CPU_SECONDS) / len(sizes),
-        stop_after_failure=True,
-    )
+    limits = dict(backend="gloo", stop_after_failure=True, **student.limits.of_groups(len(sizes)))
     with backend_plugins_known():  # the ranks forked here inherit the answer
         launched = in_open_pool(factory, student, sizes, limits)
         if launched is None:  # no pool open for this notebook: the groups are forked now

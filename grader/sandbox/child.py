@@ -161,7 +161,7 @@ def serve(request: ChildRequest, report_fd: int | None, reply_fd: int | None) ->
             step()
     before = Snapshot(watched_objects())
     install_audit_hook(Path(request.scratch), [Path(p) for p in request.private])
-    limit = request.check_seconds or None  # processor time per thread
+    limit = request.limits.check_seconds or None  # processor time per thread
     with contextlib.ExitStack() as pools:
         exercises = Exercises(request, channel, reply_fd, nonce, ctx, limit, before, pools)
         for exercise_id, plan in plans.items():
@@ -208,7 +208,7 @@ class Exercises:
             )
             self.channel.send(ExerciseDone(exercise_id, unloadable=unloadable))
             return
-        student = Student(namespace, ex.function, ex.notebook)
+        student = Student(namespace, ex.function, ex.notebook, self.request.limits)
         self.run_cases(exercise_id, student, plan, itertools.chain([first], mine))
         changed = self.before.changed()
         self.channel.send(ExerciseDone(exercise_id, changed))

@@ -1,20 +1,9 @@
-"""What grading children report for a submission, the limits they run under, and where a
-child was when it stopped."""
+"""What grading children report for a submission, and where a child was when it stopped."""
 
 import threading
 from dataclasses import dataclass, field
 
 from grader.base.protocol import CaseOutcome, Note
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one grading child may use."""
-
-    check_seconds: float = 60.0  # processor time of one case, per thread (0: no limit)
-    exercise_seconds: float = 900.0  # wall time of one exercise, loading included: a backstop
-    memory_gib: float = 4.0  # data memory of the child (0: no limit)
-    idle_seconds: float = 30.0  # a case that computes nothing for this long is stopped
 
 
 class Phases:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Protocol
 
 from grader.base.check_devices import grading_mode
+from grader.base.limits import Limits
 from grader.base.protocol import ForkOrder
 from grader.sandbox import fast
-from grader.sandbox.collected import Limits
 from grader.sandbox.fence import (
     Fence,
     choose_fence,

@@ -35,6 +35,7 @@ import torch
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
 from grader.base.check_devices import DEVICES
+from grader.base.limits import Limits
 from grader.base.protocol import CaseOutcome, ChildRequest, Frame, Note, to_plain
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
@@ -42,7 +43,6 @@ from grader.manifest import load_manifest
 from grader.sandbox import fast
 from grader.sandbox.collected import (
     Collected,
-    Limits,
     OnCase,
     OnExercise,
     OnNotebook,
@@ -106,7 +106,7 @@ def child_request(job: ChildJob, nonce: str, report_fd: int, reply_fd: int) -> C
         threads=job.threads,
         scratch=str(job.scratch),
         private=[str(p) for p in private_paths()],
-        check_seconds=float(job.limits.check_seconds),
+        limits=job.limits,
         skip={name: [list(s) for s in job.collected.skip.get(name, [])] for name in names},
         notebooks={name: str(job.scratch / "submission" / name) for name in names},
         exercises=[
@@ -139,7 +139,7 @@ def run_child(job: ChildJob, claim: Callable[[str, str], bool] = lambda ex, case
     now = time.monotonic()
     watch = Watch(exercise_started=now, computed_at=now, started=asked)
     # The child stops a case at the limit itself; this is for a case that ignores the stop.
-    hard_cpu = limits.check_seconds * threads * 1.5 + 10 if limits.check_seconds else 0
+    hard_cpu = limits.hard_cpu_seconds(threads)
 
     def take(frame: Frame, now: float) -> None:
         follow(frame, watch, now, job.collected, plans, reply_write, nonce, claim)

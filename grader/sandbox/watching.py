@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from grader.base.limits import Limits
 from grader.base.protocol import (
     CaseDone,
     CaseStart,
@@ -27,7 +28,6 @@ from grader.load.reference import available, held_sources
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
     Collected,
-    Limits,
     OnCase,
     OnExercise,
     OnNotebook,
