@@ -65,6 +65,9 @@ Messages are written in English and looked up in the reader's language (labtext)
 docstring and hint, and the hints and messages given to `Fail`, are looked up by the judge.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from grader.base.cases import Case, Check, Context, ErrorHints, Student, case, check, error_hints
 from grader.base.expect import (
     as_tensor,
@@ -115,8 +118,6 @@ from grader.base.outcomes import (
     returned,
 )
 from grader.base.values import SeenTensor
-from grader.ranks.apart import apart
-from grader.ranks.groups import in_every_size, in_rank
 from grader.ranks.judging import (
     GroupSeen,
     RankSeen,
@@ -125,8 +126,34 @@ from grader.ranks.judging import (
     groups_finished,
     ranks_that_returned,
 )
-from grader.ranks.recording import COLLECTIVES, all_reduce, recording_calls
 from labtext import N_, _
+
+# The tools that start process groups, imported when a checks module first asks for one
+# (PEP 562): a student's kernel checking a one-process exercise loads none of them, nor the
+# launcher below them (tests/test_layers.py counts what it loads).
+_RANK_TOOLS = {
+    "apart": "grader.ranks.apart",
+    "in_every_size": "grader.ranks.groups",
+    "in_rank": "grader.ranks.groups",
+    "COLLECTIVES": "grader.ranks.recording",
+    "all_reduce": "grader.ranks.recording",
+    "recording_calls": "grader.ranks.recording",
+}
+
+
+if TYPE_CHECKING:  # (what readers and type checkers see: at run time, `__getattr__`)
+    from grader.ranks.apart import apart
+    from grader.ranks.groups import in_every_size, in_rank
+    from grader.ranks.recording import COLLECTIVES, all_reduce, recording_calls
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RANK_TOOLS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_RANK_TOOLS[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     # declaring cases and checks

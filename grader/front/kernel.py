@@ -22,7 +22,6 @@ from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
 from grader.manifest import Exercise, load_manifest
-from grader.ranks.pools import rank_pools
 from grader.report.text import render_exercise
 from grader.sandbox.runner import run_checks
 from labtext import _
@@ -82,7 +81,11 @@ def _outcomes(ex: Exercise, namespace: dict, hidden: bool) -> dict[str, CaseOutc
     checks = hidden_checks(ex) if hidden else public_checks(ex)
     student = Student(namespace, ex.function, "this notebook")
     known = reference_if_available(ex.notebook)
-    with rank_pools(namespace, "this notebook"):  # the distributed cases share their ranks
+    with contextlib.ExitStack() as pools:
+        if ex.distributed:  # its cases share their ranks (loaded for these exercises alone)
+            from grader.ranks.pools import rank_pools
+
+            pools.enter_context(rank_pools(namespace, "this notebook"))
         return run_checks(checks, student, _context(ex, hidden), held=known)
 
 
