@@ -22,28 +22,26 @@ def _standard_streams_open() -> None:
 
 _standard_streams_open()
 
-from grader import settings  # noqa: E402
-from grader.front import warm_server  # noqa: E402
-from grader.sandbox import fast  # noqa: E402
-from grader.sandbox.fast import forkserver  # noqa: E402
+from grader import pace  # noqa: E402
 
-warm = fast.enabled() and settings.START.get() != "spawn"
-if sys.argv[1:2] in (["check"], ["grade"]) and warm:
+if sys.argv[1:2] in (["check"], ["grade"]) and pace.warm_server_allowed():
     # The command runs in a session of the warm fork server, which has imported torch and
     # the checks already (see grader.front.warm_server), where one answers.
+    from grader.front import warm_server
+
     code = warm_server.run_warm(sys.argv)
     if code is not None:
         os._exit(code)
     # Else it runs here: the fork server (started if need be) imports torch while this
     # process does the same, on another core.
-    forkserver.start()
+    pace.speedups().start_early()
 
 from grader.base.printed import ReaderGone  # noqa: E402
 from grader.front.cli import main  # noqa: E402
 
 sys.stdout = ReaderGone(sys.stdout)
 code = main()
-forkserver.stop()
+pace.speedups().stop()
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(code)  # every file is written and closed: unloading torch would only cost a second

@@ -31,6 +31,7 @@ from grader.judge.verdicts import judge_reported, not_checked
 from grader.load.reference import available, reference
 from grader.load.submission import Submission, find_submission, unfit_by_notebook
 from grader.manifest import Exercise, load_manifest
+from grader.pace import speedups
 from grader.sandbox.collected import Phases
 from grader.sandbox.starting import stop_all_children
 from grader.sandbox.supervisor import run_isolated
@@ -143,10 +144,11 @@ def _graded(
     prefetch(fit, references=hidden)  # what the judging needs, while the children run
     at_once = side_by_side or notebooks_at_once()
     fit_checks = {ex.id: checks[ex.id] for ex in fit.exercises}
-    collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once)
+    lent = speedups()
+    collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once, lent)
     judging = time.monotonic()
     if hidden:  # the instructor's side, where the reference solutions are
-        time_against_the_reference(fit, fit_checks, collected, sub_seed, limits, threads)
+        time_against_the_reference(fit, fit_checks, collected, sub_seed, limits, threads, lent)
     results = [
         not_checked(ex.id, checks[ex.id], problems[ex.id])
         if ex.id in problems

@@ -5,6 +5,7 @@ and so is what Python runs for an import besides the module: the `__init__` of e
 above it (`import grader.load.notebook` runs `grader/__init__.py` first)."""
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ LAYERS = {
     "judge": ("grader.judge.*",),
     "report": ("grader.report.*",),
     # One submission graded, as a pipeline of the steps above.
-    "pipeline": ("grader.grading",),
+    "pipeline": ("grader.grading", "grader.pace"),
     # The authors' tools, which the command line offers: the mistake catalogue's table, the
     # translations' catalogues and notebooks.
     "authoring": ("grader.tools.*",),
@@ -209,16 +210,22 @@ def test_checks_modules_use_the_grader_through_its_api_alone(graph):
 FAST = "grader.sandbox.fast"
 
 
+# Those that may import the fast path: the one place that chooses it, and the warm server,
+# which is the fast path's server run as a command (and the benchmarks, which measure it).
+CHOOSE_THE_FAST_PATH = ("grader.pace", "grader.front.warm_server", "grader.benchmarks.")
+
+
 def test_the_plain_sandbox_reaches_the_fast_path_through_one_interface(graph):
-    """The sandbox's plain modules (and the pipeline above them) import the fast path's
-    package alone, never its fork server or warm client; the fast path's setting is read in
-    that package alone, so that `GRADER_FAST=off` has one place to take effect."""
+    """Nothing imports the fast path but grader.pace, which passes what it lends to the
+    sandbox as a grader.sandbox.speedups.Speedups: the plain sandbox, the pipeline and the
+    front ends import none of it, and the fast path's setting is read in grader.pace alone,
+    so that `GRADER_FAST=off` has one place to take effect."""
     wrong = [
         f"{name} imports {other}"
         for name, found in sorted(graph.items())
-        if not name.startswith(FAST) and name.startswith(("grader.sandbox", "grader.grading"))
+        if not name.startswith((FAST, *CHOOSE_THE_FAST_PATH))
         for other in sorted(found)
-        if other.startswith(FAST + ".")
+        if other == FAST or other.startswith(FAST + ".")
     ]
     assert not wrong, "\n".join(wrong)
     readers = sorted(
@@ -227,7 +234,27 @@ def test_the_plain_sandbox_reaches_the_fast_path_through_one_interface(graph):
         for path in (REPO / package).rglob("*.py")
         if "FAST.get()" in path.read_text(encoding="utf-8")
     )
-    assert readers == ["grader/sandbox/fast/__init__.py"]
+    assert readers == ["grader/pace.py"]
+
+
+def test_grading_without_the_fast_path_never_imports_it(tmp_path):
+    """`GRADER_FAST=off`: a grade runs the plain path alone, and the grader imports nothing
+    of grader.sandbox.fast (PYTHONPROFILEIMPORTTIME lists every import it makes; the
+    children, which start afresh then, choose nothing)."""
+    import subprocess
+    import sys
+
+    notebook = tmp_path / "from_scratch.ipynb"
+    notebook.write_bytes((REPO / "solutions" / "multigpu" / "from_scratch.ipynb").read_bytes())
+    env = {**os.environ, "GRADER_FAST": "off", "PYTHONPROFILEIMPORTTIME": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(tmp_path), "-e", "try_gpu"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    imported = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert any("grader.sandbox.supervisor" in line for line in imported)  # (it is listing)
+    assert not [line for line in imported if FAST in line], "GRADER_FAST=off imported it"
 
 
 def test_the_graders_root_shows_its_architecture():

@@ -32,9 +32,9 @@ from grader.front.grade_class import Outputs, expand, grade_class
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
+from grader.pace import speedups
 from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
-from grader.sandbox.fast import fork_server, start_mode
 from grader.sandbox.fast.forkserver import stop
 from grader.sandbox.fast.warm_client import stop_warm
 from grader.tools.authoring import filled_in, reference_answers
@@ -154,7 +154,7 @@ def time_class(
     root/results.json; return the results and the seconds it took."""
     make_class(root / "submitted", students)
     subs = expand([root / "submitted"], manifest)
-    fork_server()  # started once per grading run, like `python -m grader grade` does
+    speedups().fork_server()  # started once per run, as `grade` does
     started = time.monotonic()
     results = grade_class(
         subs,
@@ -191,7 +191,8 @@ def report(
 def main() -> None:
     args = arguments()
     manifest = load_manifest()
-    print(f"{os.cpu_count()} cores, children started by {start_mode()}")
+    started_by = "fork" if speedups().fork_server() is not None else "spawn"
+    print(f"{os.cpu_count()} cores, children started by {started_by}")
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         warm_folder = Path(tempfile.mkdtemp(prefix="grader-warm-bench-"))

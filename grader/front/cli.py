@@ -13,11 +13,11 @@ from grader.grading import grade_submission, prefetch, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Manifest, load_manifest
+from grader.pace import speedups
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
 from grader.report.text import render_submission
-from grader.sandbox.fast import fork_server
 from grader.sandbox.starting import children_fence
 from labtext import _
 
@@ -300,7 +300,7 @@ def grade_into(args: argparse.Namespace, manifest: Manifest, outputs: Outputs) -
     terminal = sys.stderr if outputs.to_stdout() else sys.stdout
     if graded_here:  # what judging needs, loaded while the fork server may still be importing
         prefetch(graded_here[0], references=not args.public_only)
-    fence = children_fence(fork_server())
+    fence = children_fence(speedups().fork_server())
     print(
         _("grading {count} submission(s), {jobs} at a time; sandbox: {sandbox}").format(
             count=len(graded_here), jobs=args.jobs, sandbox=fence.described()

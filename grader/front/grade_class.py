@@ -37,6 +37,7 @@ from grader.grading import (
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission, set_aside_beside
 from grader.manifest import REPO, Manifest, load_manifest
+from grader.pace import speedups
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.feedback import check_feedback_folder, feedback_markdown, write_feedback
 from grader.report.json_report import read_json, write_json
@@ -343,7 +344,10 @@ class ClassRun:
         """Grade what is left, writing `outputs` as each result comes in, and once more at
         the end (or on Ctrl-C or a failure, with what is done)."""
         show(len(self.results), 0, None)
-        finishing = side_by_side_while_idle(self.grade, self.todo, self.jobs, 2 * self.jobs)
+        idle_cores = speedups().more_children()
+        finishing = side_by_side_while_idle(
+            self.grade, self.todo, self.jobs, 2 * self.jobs, idle_cores=idle_cores
+        )
         try:
             with contextlib.closing(finishing):
                 for future, running in finishing:

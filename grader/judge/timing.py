@@ -15,6 +15,7 @@ from grader.load.reference import available
 from grader.load.submission import Submission
 from grader.manifest import solutions_dir
 from grader.sandbox.collected import Collected
+from grader.sandbox.speedups import PLAIN, Speedups
 from grader.sandbox.supervisor import run_isolated
 from grader.sandbox.watching import PROCESSOR_TIME
 
@@ -34,8 +35,10 @@ def time_against_the_reference(
     seed: int,
     limits: Limits,
     threads: int,
+    speedups: Speedups = PLAIN,
 ) -> None:
-    """Time the reference on each case stopped for processor time, and rerun or annotate it."""
+    """Time the reference on each case stopped for processor time, and rerun or annotate it
+    (its children started as `speedups` allows)."""
     for ex in sub.exercises:
         for case_name, outcome in list(collected.outcomes.get(ex.id, {}).items()):
             if not stopped_for_processor_time(outcome) or not available(ex.notebook):
@@ -43,9 +46,8 @@ def time_against_the_reference(
             on_case = [c for c in checks[ex.id] if c.case.name == case_name]
             solutions = solutions_dir() / ex.notebook
             ref = Submission("reference", solutions, {ex.notebook: solutions}, [ex])
-            timed = run_isolated(
-                ref, {ex.id: on_case}, seed, replace(limits, check_seconds=0), threads
-            )
+            unlimited = replace(limits, check_seconds=0)
+            timed = run_isolated(ref, {ex.id: on_case}, seed, unlimited, threads, speedups=speedups)
             ref_outcome = timed.outcomes.get(ex.id, {}).get(case_name)
             if ref_outcome is None or ref_outcome.cpu_seconds is None or ref_outcome.raised:
                 continue
@@ -57,6 +59,7 @@ def time_against_the_reference(
                     seed,
                     replace(limits, check_seconds=MARGIN * needed / threads),
                     threads,
+                    speedups=speedups,
                 )
                 outcome = again.outcomes.get(ex.id, {}).get(case_name, outcome)
             if stopped_for_processor_time(outcome):

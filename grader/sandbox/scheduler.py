@@ -11,7 +11,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from grader.api import Case
-from grader.sandbox import fast
 from grader.sandbox.collected import Collected
 
 
@@ -89,15 +88,16 @@ def side_by_side_while_idle(
     least: int | Callable[[], int],
     most: int,
     extra: tuple[Callable[[], bool], Callable[[], Any]] | None = None,
+    idle_cores: bool = False,
 ) -> Iterator[tuple[Future, int]]:
     """Run `fn(item)` for each item in threads of their own, in order: `least` at a time (a
-    number, or a function that says it now), and one more while the cores sit idle (see
-    SpareCores), up to `most`. Once every item has started, `extra = (wanted, make)` asks for
-    more: while `wanted()` and there is room as above, `make()` returns one more item (or
-    None). Yield each call's future as it finishes, with how many are still running. Closing
-    the iterator (Ctrl-C) starts no more and does not wait for those running: the caller
-    stops their children. Each call runs in a copy of the caller's context, so it speaks the
-    caller's language (labtext.speaking)."""
+    number, or a function that says it now), and, given `idle_cores` (the fast path's),
+    one more while the cores sit idle (see SpareCores), up to `most`. Once every item has
+    started, `extra = (wanted, make)` asks for more: while `wanted()` and there is room as
+    above, `make()` returns one more item (or None). Yield each call's future as it
+    finishes, with how many are still running. Closing the iterator (Ctrl-C) starts no more
+    and does not wait for those running: the caller stops their children. Each call runs in
+    a copy of the caller's context, so it speaks the caller's language (labtext.speaking)."""
     at_least = least if callable(least) else lambda: least
     most = max(1, at_least(), most)
     spare = spare_cores()
@@ -106,7 +106,7 @@ def side_by_side_while_idle(
 
     def room() -> bool:
         fewest = min(most, max(1, at_least()))
-        return len(running) < fewest or (len(running) < most and spare.idle())
+        return len(running) < fewest or (idle_cores and len(running) < most and spare.idle())
 
     try:
         while waiting or running:
@@ -153,10 +153,7 @@ class SpareCores:
 
     def idle(self, share: float = SPARE_SHARE) -> bool:
         """Return True if, since the last look at least LOOK_SECONDS ago, `share` of a core
-        was idle on average; such a look starts the count anew (so one more at a time). Never
-        without the fast path (GRADER_FAST=off)."""
-        if not fast.more_children():
-            return False
+        was idle on average; such a look starts the count anew (so one more at a time)."""
         with self.lock:
             now = self.read()
             if now is None or self.last is None:

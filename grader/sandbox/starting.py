@@ -13,7 +13,6 @@ from typing import Protocol
 from grader.base.check_devices import grading_mode
 from grader.base.limits import Limits
 from grader.base.protocol import ForkOrder
-from grader.sandbox import fast
 from grader.sandbox.fence import (
     Fence,
     choose_fence,
@@ -24,6 +23,7 @@ from grader.sandbox.fence import (
     with_import_path,
 )
 from grader.sandbox.preload import WAIT_POLICY
+from grader.sandbox.speedups import ForkServer
 
 # ---- starting a child --------------------------------------------------------------------
 
@@ -105,12 +105,12 @@ def start_child(
     limits: Limits,
     report_fd: int,
     reply_fd: int,
+    server: ForkServer | None,
     complete: bool = False,
 ) -> Child:
-    """Start a fenced child on the request file `request`, from the fork server where there
-    is one, else as a new Python. A `complete` child (its cases start process groups) starts
-    with all the server imports (see forkserver.serve)."""
-    server = fast.fork_server()
+    """Start a fenced child on the request file `request`, from the fork `server` where there
+    is one (the fast path's), else as a new Python. A `complete` child (its cases start
+    process groups) starts with all the server imports (see forkserver.serve)."""
     fence = children_fence(server)
     uid = next_child_uid() if fence.own_uid else None
     if uid is not None:  # the scratch folder becomes this child's alone

@@ -40,7 +40,6 @@ from grader.base.protocol import CaseOutcome, ChildRequest, Frame, Note, to_plai
 from grader.load.notebook import said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
-from grader.sandbox import fast
 from grader.sandbox.collected import (
     Collected,
     OnCase,
@@ -54,6 +53,7 @@ from grader.sandbox.fence import private_paths
 from grader.sandbox.frames import FrameReader
 from grader.sandbox.runner import unique_cases
 from grader.sandbox.scheduler import Shares, side_by_side_while_idle
+from grader.sandbox.speedups import PLAIN, Speedups
 from grader.sandbox.starting import Child, forget, start_child, track
 from grader.sandbox.watching import (
     PROCESSOR_TIME,
@@ -89,6 +89,7 @@ class ChildJob:
     threads: int
     scratch: Path
     collected: Collected
+    speedups: Speedups = PLAIN  # what the fast path lends (grader.sandbox.speedups)
 
 
 def child_request(job: ChildJob, nonce: str, report_fd: int, reply_fd: int) -> ChildRequest:
@@ -129,7 +130,10 @@ def run_child(job: ChildJob, claim: Callable[[str, str], bool] = lambda ex, case
     torch.save(to_plain(child_request(job, nonce, write_fd, reply_read)), request_path)
     try:
         complete = any(load_manifest().exercise(ex).distributed for ex in plans)
-        proc = start_child(request_path, scratch, threads, limits, write_fd, reply_read, complete)
+        server = job.speedups.fork_server()
+        proc = start_child(
+            request_path, scratch, threads, limits, write_fd, reply_read, server, complete
+        )
     finally:
         os.close(write_fd)
         os.close(reply_read)
@@ -222,12 +226,13 @@ def run_isolated(
     threads: int,
     phases: Phases | None = None,
     side_by_side: int | Callable[[], int] = 1,
+    speedups: Speedups = PLAIN,
 ) -> Collected:
     """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
     (a number, or a function that says it now), each in a scratch folder of its own, and
     one more while the cores sit idle (see SpareCores); a child that stops early is followed
     by another. Once every notebook has started, a core left free goes to a helper (see
-    `Shares`)."""
+    `Shares`). Helpers, idle cores and the fork server are `speedups`' to lend."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
@@ -247,7 +252,7 @@ def run_isolated(
 
     def run(item: tuple[str, object | None]) -> None:
         notebook, helper = item
-        run_notebook(sub, shares[notebook], seed, limits, threads, collected, helper)
+        run_notebook(sub, shares[notebook], seed, limits, threads, collected, helper, speedups)
 
     def untaken(notebook: str) -> int:
         return sum(map(len, shares[notebook].untaken(collected).values()))
@@ -266,9 +271,10 @@ def run_isolated(
     # More start while the cores sit idle: a notebook whose ranks deadlocked waits for the
     # verdict, computing nothing, and the notebooks after it need not wait with it.
     items = [(nb, None) for nb in notebooks]
-    extra = (can_help, helper) if fast.more_children() else None  # helpers: the fast path's
+    more = speedups.more_children()
+    extra = (can_help, helper) if more else None
     for done, _running in side_by_side_while_idle(
-        run, items, side_by_side, 2 * len(notebooks), extra
+        run, items, side_by_side, 2 * len(notebooks), extra, idle_cores=more
     ):
         done.result()
     return collected
@@ -282,6 +288,7 @@ def run_notebook(
     threads: int,
     collected: Collected,
     helper: object | None = None,
+    speedups: Speedups = PLAIN,
 ) -> None:
     """Run the cases of a notebook's exercises (`shares.cases`) in fenced children,
     restarting after a child stops early. One child at a time per loop: each notebook's
@@ -308,7 +315,7 @@ def run_notebook(
             plans = {ex: [planned(ex, name) for name in names] for ex, names in order}
             exercises = [manifest.exercise(ex) for ex in plans]
             before = collected.progress(exercises)
-            job = ChildJob(sub, plans, seed, limits, threads, scratch, collected)
+            job = ChildJob(sub, plans, seed, limits, threads, scratch, collected, speedups)
             stop = run_child(job, lambda exercise, case: shares.take(exercise, case, loop))
             if not take_stop(stop, sub, shares, loop, helper, collected, plans):
                 return  # a helper is extra: the first loop runs what it has not taken

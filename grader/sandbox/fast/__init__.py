@@ -1,25 +1,18 @@
-"""The fast path, beside the plain sandbox: what only makes grading quicker. The plain
-sandbox reaches it through the functions below alone; inside, the fork server (forkserver.py)
-and the client of the warm server (warm_client.py). Imports the plain sandbox and below.
-`GRADER_FAST=off` turns it all off, and every verdict stays the same (tests/test_fast_path.py).
+"""The fast path, beside the plain sandbox: what only makes grading quicker. It lends the
+plain sandbox what grader.sandbox.speedups declares (`FAST`), which the pipeline passes
+in (grader.pace); inside, the fork server (forkserver.py) and the client of the warm
+server (warm_client.py). Imports the plain sandbox and below. Nothing imports it where
+`GRADER_FAST=off`, and every verdict stays the same (tests/test_fast_path.py).
 """
 
 from grader import settings
 
 
-def enabled() -> bool:
-    """Whether the fast path may be taken (GRADER_FAST, read here alone): the fork server,
-    the warm server, helper children and extra children on idle cores."""
-    return settings.FAST.get().strip().lower() != "off"
-
-
 def start_mode() -> str:
     """Return how children start: "fork" (from the fork server) or "spawn" (a new Python
     each, the plain path's way). `GRADER_START` chooses; by default, fork unless a CUDA
-    device is visible. Without the fast path, always spawn."""
+    device is visible."""
     asked = settings.START.get().strip().lower()
-    if not enabled():
-        return "spawn"
     if asked in ("fork", "spawn"):
         return asked
     import torch
@@ -27,17 +20,33 @@ def start_mode() -> str:
     return "spawn" if torch.cuda.device_count() > 0 else "fork"
 
 
-def fork_server():
-    """Return the fork server, ready (a grader.sandbox.fast.forkserver.ForkServer); None where
-    children start afresh (see `start_mode`) or the server cannot fence its children."""
-    if start_mode() != "fork":
-        return None
-    from grader.sandbox.fast import forkserver
+class Fast:
+    """What the fast path lends (see grader.sandbox.speedups.Speedups)."""
 
-    return forkserver.ready_server()
+    def fork_server(self):
+        """Return the fork server, ready (a grader.sandbox.fast.forkserver.ForkServer); None
+        where children start afresh (see `start_mode`) or it cannot fence its children."""
+        if start_mode() != "fork":
+            return None
+        from grader.sandbox.fast import forkserver
+
+        return forkserver.ready_server()
+
+    def more_children(self) -> bool:
+        return True
+
+    def start_early(self) -> None:
+        """Start the fork server now: it imports torch while the command does the same, on
+        another core. (Not asked whether children fork: that would import torch here.)"""
+        from grader.sandbox.fast import forkserver
+
+        forkserver.start()
+
+    def stop(self) -> None:
+        """End this process's use of the fork server."""
+        from grader.sandbox.fast import forkserver
+
+        forkserver.stop()
 
 
-def more_children() -> bool:
-    """Whether a notebook may get more than one child: helpers that take its cases from the
-    far end, and an extra child while the cores sit idle (grader.sandbox.scheduler)."""
-    return enabled()
+FAST = Fast()
