@@ -100,7 +100,7 @@ HUB_PROXY := $(if $(or $(shell command -v npm),$(filter true 1 yes,$(CI))),$(PRO
 NO_PROXY_SAID = $(if $(HUB_PROXY),,@echo "make: no npm here, so the hub's proxy is not built and the hub's tests will skip (Debian, Ubuntu: apt install nodejs npm)" >&2)
 test: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
 	$(NO_PROXY_SAID)
-	$(PYTEST) $(PARALLEL) --durations=15
+	$(PYTEST) $(PARALLEL) --durations=15 --record-durations=build/test-durations.json
 
 test-fast: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
 	$(NO_PROXY_SAID)

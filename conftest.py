@@ -21,6 +21,12 @@ def pytest_addoption(parser):
         "(default: work/multigpu if it exists, else exercises/multigpu)",
     )
     group.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test module's seconds to PATH, which orders the next runs "
+        "(tests/durations.py)",
+    )
+    group.addoption(
         "--public-only",
         action="store_true",
         help="run only the public checks, even where the hidden ones are installed",

@@ -21,8 +21,8 @@ from grader.load.reference import reference
 from grader.manifest import REPO, Exercise, load_manifest
 from grader.ranks.apart import autograd_threads_started
 from grader.sandbox.runner import run_checks
-from tests.skips import (  # noqa: F401  pytest's hooks: skips counted, mendable ones fail on CI
-    pytest_runtest_logreport,
+from tests import durations, skips
+from tests.skips import (  # noqa: F401  pytest's hooks: mendable skips fail on CI
     pytest_runtest_makereport,
     pytest_unconfigure,
 )
@@ -59,34 +59,34 @@ SLOW_FIXTURES = {
 }
 
 
-# The modules that take longest, longest first: run side by side (make test's two workers,
-# one module to a worker at a time), they start first, so that the workers finish together.
-LONGEST_FIRST = [
-    "test_notebook_runs",
-    "test_distributed_grading",
-    "test_hostile",
-    "test_readme",
-    "test_class_grading",
-    "test_limits",
-    "test_nbgrader",
-    "test_seeds",
-    "test_mistakes",
-    "test_outside_code",
-    "test_distributed",
-    "test_grading",
-]
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
-    def rank(item) -> int:
-        name = Path(str(item.fspath)).stem
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    # Modules in the order of their recorded seconds, longest first (tests/durations.py).
+    seconds = durations.recorded()
+    items.sort(key=lambda item: -seconds.get(Path(str(item.fspath)).stem, float("inf")))
 
-    items.sort(key=rank)  # stable: each module keeps its own order
+
+def pytest_runtest_logreport(report):
+    skips.pytest_runtest_logreport(report)
+    if _reporting:
+        durations.add(report)
+
+
+_reporting: list[bool] = []  # (true in the process that reports, not in xdist's workers)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        _reporting.append(True)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("record_durations")
+    if path and _reporting:
+        durations.write(path)
 
 
 @pytest.fixture(scope="session")
