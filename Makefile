@@ -5,7 +5,7 @@
 #   make hub-clear   after the course: list the students' accounts the hub made; YES=1 removes
 #                    them, their homes and their files elsewhere (keeping the exchange)
 # and, for people who write exercises or maintain the lab:
-#   make test-fast   the tests that start no grader, nbgrader, kernel or JupyterLab
+#   make test-quick   the tests that start no grader, nbgrader, kernel or JupyterLab
 #   make bench-grade, bench-notebooks, bench-distributed, bench-hub, bench-shards   figures, printed
 #                    (never tested)
 #   make exercises   regenerate exercises/ from solutions/ with nbgrader
@@ -27,7 +27,7 @@ GPU_CHECK_JSON ?= gpu-check.json
 ASSIGNMENT := multigpu
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup lab test test-fast lint exercises bench-grade bench-notebooks bench-distributed bench-hub bench-shards \
+.PHONY: setup lab test test-quick lint exercises bench-grade bench-notebooks bench-distributed bench-hub bench-shards \
 	lock images clean picture render hub hub-setup hub-clear gpu-check
 
 setup: $(DEV_READY)
@@ -102,7 +102,7 @@ test: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
 	$(NO_PROXY_SAID)
 	$(PYTEST) $(PARALLEL) --durations=15 --record-durations=build/test-durations.json
 
-test-fast: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
+test-quick: $(DEV_READY) $(CATALOGUES) $(HUB_PROXY) lint
 	$(NO_PROXY_SAID)
 	$(PYTEST) $(PARALLEL) -m "not slow and not container" --durations=5
 

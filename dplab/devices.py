@@ -30,7 +30,7 @@ the lab's devices are stand-ins (or the CPU), so that code which runs on two GPU
 The stand-ins switch on in one place, `use_stand_ins()`, which the lab calls when it first
 hands out a stand-in (from `try_gpu`, `try_all_gpus` or `gpu`) and which prints a line saying
 so. (The grader always checks on two distinct devices, whatever DPLAB_DEVICES says: see
-grader.base.check_devices.)
+grader.base.grading_devices.)
 """
 
 import torch

@@ -34,14 +34,14 @@ if sys.argv[1:2] in (["check"], ["grade"]) and pace.warm_server_allowed():
         os._exit(code)
     # Else it runs here: the fork server (started if need be) imports torch while this
     # process does the same, on another core.
-    pace.speedups().start_early()
+    pace.chosen().start_early()
 
 from grader.base.printed import ReaderGone  # noqa: E402
 from grader.front.cli import main  # noqa: E402
 
 sys.stdout = ReaderGone(sys.stdout)
 code = main()
-pace.speedups().stop()
+pace.chosen().stop()
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(code)  # every file is written and closed: unloading torch would only cost a second

@@ -78,7 +78,8 @@ from grader.base.expect import (
     expect_kept_dtype,
     short,
 )
-from grader.base.fixtures import (
+from grader.base.forward_pass import LAYER_KINDS, recorded_forward
+from grader.base.inputs import (
     SGD_SETTINGS,
     FirstBatches,
     MarkedSteps,
@@ -99,7 +100,6 @@ from grader.base.fixtures import (
     state,
     which_replica,
 )
-from grader.base.forward_pass import LAYER_KINDS, recorded_forward
 from grader.base.outcomes import (
     Crash,
     Fail,

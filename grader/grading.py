@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import labtext
-from grader.base.check_devices import DEVICES
+from grader import pace
+from grader.base.grading_devices import DEVICES
 from grader.base.limits import Limits
 from grader.base.protocol import Note
 from grader.judge.registry import exercise_checks, narrowed
@@ -31,7 +32,6 @@ from grader.judge.verdicts import judge_reported, not_checked
 from grader.load.reference import available, reference
 from grader.load.submission import Submission, find_submission, unfit_by_notebook
 from grader.manifest import Exercise, load_manifest
-from grader.pace import speedups
 from grader.sandbox.collected import Phases
 from grader.sandbox.starting import stop_all_children
 from grader.sandbox.supervisor import run_isolated
@@ -61,7 +61,7 @@ def notebooks_at_once(jobs: int = 1) -> int:
     return max(1, (cores or 1) // max(1, jobs))
 
 
-def prefetch(sub: Submission, references: bool = True) -> None:
+def load_for_judging(sub: Submission, references: bool = True) -> None:
     """Import, in the background, the checks of `sub`'s exercises (and with `references`,
     the hidden ones), decode the embedded sample, which judges measure trained models on, and
     load the reference solutions that judging `sub` will need (with `references`): while the
@@ -141,10 +141,10 @@ def _graded(
     problems = {ex.id: unfit[sub.notebooks[ex.notebook]] for ex in sub.exercises if
                 sub.notebooks.get(ex.notebook) in unfit}  # fmt: skip
     fit = dataclasses.replace(sub, exercises=[e for e in sub.exercises if e.id not in problems])
-    prefetch(fit, references=hidden)  # what the judging needs, while the children run
+    load_for_judging(fit, references=hidden)  # what the judging needs, while the children run
     at_once = side_by_side or notebooks_at_once()
     fit_checks = {ex.id: checks[ex.id] for ex in fit.exercises}
-    lent = speedups()
+    lent = pace.chosen()
     collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once, lent)
     judging = time.monotonic()
     if hidden:  # the instructor's side, where the reference solutions are

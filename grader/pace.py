@@ -12,7 +12,7 @@ def fast_path_on() -> bool:
     return settings.FAST.get().strip().lower() != "off"
 
 
-def speedups() -> Speedups:
+def chosen() -> Speedups:
     """Return what the fast path lends the sandbox, or `PLAIN`."""
     if not fast_path_on():
         return PLAIN

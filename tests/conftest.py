@@ -11,7 +11,7 @@ import torch
 from dplab import sim
 from dplab.devices import remove_cuda_shims
 from grader.api import Context, Student
-from grader.base.check_devices import grading_devices
+from grader.base.grading_devices import grading_devices
 from grader.grading import DEVICES, grade_path
 from grader.judge.registry import diagnoser, exercise_checks, narrowed
 from grader.judge.results import ExerciseResult
@@ -40,7 +40,7 @@ EXERCISES = REPO / "exercises" / load_manifest().assignment
 
 
 # Fixtures that grade a class, run nbgrader, a notebook in a kernel or JupyterLab: a test that
-# uses one is slow (`make test-fast` leaves it out), like a test marked so by hand.
+# uses one is slow (`make test-quick` leaves it out), like a test marked so by hand.
 SLOW_FIXTURES = {
     "checkout",
     "concise",

@@ -1,7 +1,7 @@
 """`torchrun ... -m tests.ddp_recorded --record DIR [dplab.train_ddp's options]`: what
 `dplab.train_ddp` does, with each rank's run noted (the weights at its first step and at the
 end, the examples each step used, the accuracies) into DIR/rankR.pt, so that a test can replay
-the run in one process (grader.base.fixtures.RunLog)."""
+the run in one process (grader.base.inputs.RunLog)."""
 
 import argparse
 import sys
@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import dplab
 from dplab import train_ddp
-from grader.base.fixtures import RunLog, state
+from grader.base.inputs import RunLog, state
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -326,7 +326,7 @@ def test_a_deadlock_with_no_rank_to_judge_keeps_the_other_checks_points(distribu
 IN_A_POOL = """
 import json
 
-from grader.base.check_devices import grading_devices
+from grader.base.grading_devices import grading_devices
 from grader.api import Context, Student
 from grader.judge.registry import diagnoser, public_checks
 from grader.judge.verdicts import judge_exercise

@@ -1,6 +1,6 @@
 """Where the grader pretends a number of GPUs, code can use them as on a real machine.
 
-`try_gpu` and `try_all_gpus` are checked with pretended GPU counts (grader.base.fixtures.
+`try_gpu` and `try_all_gpus` are checked with pretended GPU counts (grader.base.inputs.
 pretend_gpus). Code from the book's first edition finds GPUs by placing a tensor on each
 `cuda:i` until that fails; other code asks torch.cuda for names and memory. Each must find
 exactly the pretended GPUs, on a laptop as on a GPU server.
@@ -9,7 +9,7 @@ exactly the pretended GPUs, on a laptop as on a GPU server.
 import pytest
 import torch
 
-from grader.base.fixtures import pretend_gpus
+from grader.base.inputs import pretend_gpus
 from grader.manifest import load_manifest
 from tests.conftest import grade_source
 

@@ -20,10 +20,10 @@ import pytest
 from grader.report.json_report import read_json
 from grader.report.paths import (
     ReportPathError,
-    check_report_paths,
     is_stream,
     readable_report,
     umask,
+    validate_report_paths,
     write_report,
 )
 from grader.sandbox.fast import warm_client
@@ -114,17 +114,17 @@ def test_standard_output_is_never_read_back():
 def test_what_cannot_be_written_says_why(tmp_path, files, said):
     (tmp_path / "file").write_text("")
     with pytest.raises(ReportPathError, match=said.format(tmp=tmp_path)):
-        check_report_paths({k: Path(v.format(tmp=tmp_path)) for k, v in files.items()})
+        validate_report_paths({k: Path(v.format(tmp=tmp_path)) for k, v in files.items()})
 
 
 def test_folders_and_databases_do_not_go_to_a_stream(tmp_path):
     for option in ("--gradescope", "--gradebook"):
         kind = {"--gradescope": "folders", "--gradebook": "databases"}[option]
         with pytest.raises(ReportPathError, match="not to a stream"):
-            check_report_paths({}, **{kind: {option: Path("-")}})
+            validate_report_paths({}, **{kind: {option: Path("-")}})
     with pytest.raises(ReportPathError, match="each ask for standard output"):
-        check_report_paths({"--json": Path("-")}, streams={"--feedback": Path("/dev/stdout")})
-    check_report_paths({"--json": Path("-")}, streams={"--feedback": tmp_path / "fb"})
+        validate_report_paths({"--json": Path("-")}, streams={"--feedback": Path("/dev/stdout")})
+    validate_report_paths({"--json": Path("-")}, streams={"--feedback": tmp_path / "fb"})
 
 
 # ---- the command line, in the warm server and without it --------------------------------

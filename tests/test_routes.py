@@ -1142,7 +1142,7 @@ ROUTES: dict[str, dict[str, str]] = {
 # exercise fixes the check, and the strict xfail then tells to lift the mark.
 KNOWN_CHARGES: dict[tuple[str, str], str] = {
     ("train_batch", "torch_func_grad"): "each_device_runs_its_replica_on_its_shard: the "
-    "forwards read ['cpu', 4, -1]: grader/base/fixtures.py's which_replica matches a replica "
+    "forwards read ['cpu', 4, -1]: grader/base/inputs.py's which_replica matches a replica "
     "by object identity, and torch.func.grad hands lenet wrappers of the replica's tensors; "
     "and a stand-in tensor inside torch.func.grad says its device is 'cpu' (dplab/sim), where "
     "a GPU's says cuda:i",

@@ -11,7 +11,7 @@ from torch import nn
 
 import dplab
 import dplab.plot
-import grader.base.check_devices
+import grader.base.grading_devices
 from dplab import data as fm
 from dplab.devices import lab_devices, scatter, synchronize, try_all_gpus, try_gpu
 
@@ -130,7 +130,7 @@ def test_the_english_editions_device_helpers(monkeypatch):
 def test_checks_always_run_on_two_distinct_devices(monkeypatch, mode, gpus, wanted):
     monkeypatch.setenv("DPLAB_DEVICES", mode)
     monkeypatch.setattr(dplab.devices, "num_gpus", lambda: gpus)
-    assert grader.base.check_devices.grading_mode() == wanted
+    assert grader.base.grading_devices.grading_mode() == wanted
 
 
 def test_the_exercises_are_not_in_the_labs_d2l():

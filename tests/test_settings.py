@@ -54,7 +54,7 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (  # (file, variable or pattern, why
     ("dplab/train_ddp.py", "LOCAL_WORLD_SIZE", TORCHRUN),
     ("dplab/distributed.py", "LOCAL_RANK", TORCHRUN),
     (
-        "grader/base/fixtures.py",
+        "grader/base/inputs.py",
         "DPLAB_DEVICES",
         "saved to restore it: .get() cannot tell it unset",
     ),

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import grader.base.fixtures
+import grader.base.inputs
 from grader.base.tampering import TORCH_FUNCTIONS, Snapshot, counted_attributes, watched_objects
 from grader.ranks import plugins
 
@@ -35,25 +35,25 @@ def watched() -> dict[str, object]:
 def test_a_snapshot_names_an_attribute_replaced_then_put_back_as_unchanged(watched):
     snapshot = Snapshot(watched)
     assert snapshot.changed() == []
-    original = grader.base.fixtures.sgd_step
-    grader.base.fixtures.sgd_step = lambda params, lr: None
+    original = grader.base.inputs.sgd_step
+    grader.base.inputs.sgd_step = lambda params, lr: None
     try:
-        assert snapshot.changed() == ["grader.base.fixtures.sgd_step"]
+        assert snapshot.changed() == ["grader.base.inputs.sgd_step"]
     finally:
-        grader.base.fixtures.sgd_step = original
+        grader.base.inputs.sgd_step = original
     assert snapshot.changed() == []
 
 
 def test_a_snapshot_names_a_function_whose_body_was_swapped_and_one_that_is_gone(watched):
     snapshot = Snapshot(watched)
-    code = grader.base.fixtures.sgd_step.__code__
-    grader.base.fixtures.sgd_step.__code__ = (lambda params, lr: None).__code__
+    code = grader.base.inputs.sgd_step.__code__
+    grader.base.inputs.sgd_step.__code__ = (lambda params, lr: None).__code__
     try:  # named wherever the function is bound (a checks module may import it by name)
         changed = snapshot.changed()
-        assert "grader.base.fixtures.sgd_step" in changed
+        assert "grader.base.inputs.sgd_step" in changed
         assert all(name.endswith(".sgd_step") for name in changed), changed
     finally:
-        grader.base.fixtures.sgd_step.__code__ = code
+        grader.base.inputs.sgd_step.__code__ = code
     all_reduce = dist.all_reduce
     del dist.all_reduce
     try:
@@ -95,7 +95,7 @@ def test_a_plain_value_that_torch_sets_by_itself_is_not_a_change(watched):
 def test_a_snapshot_agrees_with_a_fingerprint_taken_before_and_after(watched):
     before = fingerprint(watched)
     snapshot = Snapshot(watched)
-    replaced = {"grader.base.fixtures": "quiet_plots", "torch.distributed": "broadcast"}
+    replaced = {"grader.base.inputs": "quiet_plots", "torch.distributed": "broadcast"}
     originals = {name: getattr(watched[name], a) for name, a in replaced.items()}
     for name, attribute in replaced.items():
         setattr(watched[name], attribute, types.SimpleNamespace())

@@ -96,7 +96,7 @@ class ChildRequest:
     seed: int
     language: str  # of what the child says: the submission's
     terminal: str  # of its notes to whoever runs the command
-    devices: int  # stand-in devices the checks use (grader.base.check_devices)
+    devices: int  # stand-in devices the checks use (grader.base.grading_devices)
     threads: int
     scratch: str  # the child's own folder
     private: list[str]  # folders it must not read (grader.sandbox.fence)

@@ -26,13 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import settings
+from grader import pace, settings
 from grader.exercises.catalogue import mistakes_of
 from grader.front.grade_class import Outputs, expand, grade_class
 from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
-from grader.pace import speedups
 from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
 from grader.sandbox.fast.forkserver import stop
@@ -154,7 +153,7 @@ def time_class(
     root/results.json; return the results and the seconds it took."""
     make_class(root / "submitted", students)
     subs = expand([root / "submitted"], manifest)
-    speedups().fork_server()  # started once per run, as `grade` does
+    pace.chosen().fork_server()  # started once per run, as `grade` does
     started = time.monotonic()
     results = grade_class(
         subs,
@@ -191,7 +190,7 @@ def report(
 def main() -> None:
     args = arguments()
     manifest = load_manifest()
-    started_by = "fork" if speedups().fork_server() is not None else "spawn"
+    started_by = "fork" if pace.chosen().fork_server() is not None else "spawn"
     print(f"{os.cpu_count()} cores, children started by {started_by}")
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import TextIO
 
 import labtext
+from grader import pace
 from grader.base.limits import OPTIONS, Limits
 from grader.front.grade_class import Outputs, expand, grade_class, one_slice
-from grader.grading import grade_submission, prefetch, select_exercises
+from grader.grading import grade_submission, load_for_judging, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Manifest, load_manifest
-from grader.pace import speedups
 from grader.report.exports import GradebookError, check_nbgrader_gradebook, summary_table
 from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
@@ -299,8 +299,8 @@ def grade_into(args: argparse.Namespace, manifest: Manifest, outputs: Outputs) -
     # standard output, what the command says goes to standard error
     terminal = sys.stderr if outputs.to_stdout() else sys.stdout
     if graded_here:  # what judging needs, loaded while the fork server may still be importing
-        prefetch(graded_here[0], references=not args.public_only)
-    fence = children_fence(speedups().fork_server())
+        load_for_judging(graded_here[0], references=not args.public_only)
+    fence = children_fence(pace.chosen().fork_server())
     print(
         _("grading {count} submission(s), {jobs} at a time; sandbox: {sandbox}").format(
             count=len(graded_here), jobs=args.jobs, sandbox=fence.described()

@@ -26,6 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import TextIO
 
+from grader import pace
 from grader.grading import (
     Limits,
     default_threads,
@@ -37,16 +38,15 @@ from grader.grading import (
 from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission, find_submission, set_aside_beside
 from grader.manifest import REPO, Manifest, load_manifest
-from grader.pace import speedups
 from grader.report.exports import gradebook_csv, write_gradescope, write_nbgrader_gradebook
 from grader.report.feedback import check_feedback_folder, feedback_markdown, write_feedback
 from grader.report.json_report import read_json, write_json
 from grader.report.nbgrader_feedback import not_from_the_exchange, write_nbgrader_feedback
 from grader.report.paths import (
-    check_report_paths,
     is_stdout,
     is_stream,
     standard_stream,
+    validate_report_paths,
     write_report,
 )
 from grader.sandbox.collected import Phases
@@ -204,7 +204,7 @@ class Outputs:
             print(said.format(path=self.nbgrader_feedback, assignment=assignment), file=terminal)
 
     def paths(self) -> tuple[dict[str, Path | None], ...]:
-        """Return the paths given, by option, for `check_report_paths`: files, folders,
+        """Return the paths given, by option, for `validate_report_paths`: files, folders,
         streams (a folder or standard output), databases."""
         return (
             {"--json": self.json, "--csv": self.csv},
@@ -216,7 +216,7 @@ class Outputs:
     def check(self) -> None:
         """Raise ReportPathError (FeedbackError for the feedback folder), saying what to do,
         unless every report can be written."""
-        check_report_paths(*self.paths())
+        validate_report_paths(*self.paths())
         if self.feedback and standard_stream(self.feedback) is None:
             check_feedback_folder(self.feedback)
 
@@ -344,7 +344,7 @@ class ClassRun:
         """Grade what is left, writing `outputs` as each result comes in, and once more at
         the end (or on Ctrl-C or a failure, with what is done)."""
         show(len(self.results), 0, None)
-        idle_cores = speedups().more_children()
+        idle_cores = pace.chosen().more_children()
         finishing = side_by_side_while_idle(
             self.grade, self.todo, self.jobs, 2 * self.jobs, idle_cores=idle_cores
         )

@@ -15,7 +15,7 @@ from pathlib import Path
 import labtext
 from grader import settings
 from grader.api import Context, Student
-from grader.base.check_devices import DEVICES, grading_devices
+from grader.base.grading_devices import DEVICES, grading_devices
 from grader.base.protocol import CaseOutcome
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
 from grader.judge.results import CheckResult, exercise_result

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.api import Check, Context, Crash, Fail, Raised, Stopped, Unobserved, raised_in
-from grader.base.check_devices import DEVICES, grading_devices
+from grader.base.grading_devices import DEVICES, grading_devices
 from grader.base.outcomes import GROUP_CRASHES
 from grader.base.protocol import CaseOutcome
 from grader.base.values import unpack

@@ -9,7 +9,7 @@
 - Anything else is a regular file, replaced atomically, so that a reader sees the old or
   the new content, never half of it; a new one gets the mode `>` would give it.
 
-`check_report_paths` says, before any grading, what cannot be written and what to do.
+`validate_report_paths` says, before any grading, what cannot be written and what to do.
 """
 
 import contextlib
@@ -231,7 +231,7 @@ def _check_folder(option: str, folder: Path | str) -> None:
         )  # fmt: skip
 
 
-def check_report_paths(
+def validate_report_paths(
     files: dict[str, Path | None],
     folders: dict[str, Path | None] | None = None,
     streams: dict[str, Path | None] | None = None,

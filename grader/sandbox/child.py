@@ -57,7 +57,7 @@ from labtext import _
 def public_modules() -> set[str]:
     """Return the modules a case may come from: the manifest's public checks modules and
     the fixtures they share (never a hidden check or a mistake)."""
-    return {ex.checks for ex in load_manifest().exercises} | {"grader.base.fixtures"}
+    return {ex.checks for ex in load_manifest().exercises} | {"grader.base.inputs"}
 
 
 def held_cells(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> list[str]:
@@ -141,7 +141,7 @@ def serve(request: ChildRequest, report_fd: int | None, reply_fd: int | None) ->
     channel = Channel(request.fd if report_fd is None else report_fd, nonce)
     reply_fd = request.reply_fd if reply_fd is None else reply_fd
     manifest = load_manifest()
-    from grader.base.check_devices import grading_devices
+    from grader.base.grading_devices import grading_devices
 
     # Notes for whoever runs the command (the stand-in devices') are in the command's language.
     labtext.choose(labtext.known(request.terminal))

@@ -48,7 +48,7 @@ PRELOADED = (
     "torch.distributed.tensor",
     "dplab.data",
     "dplab.distributed",
-    "grader.base.fixtures",
+    "grader.base.inputs",
     "grader.sandbox.child",
 )
 

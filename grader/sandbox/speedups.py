@@ -8,7 +8,7 @@ loop of children per notebook, and the verdicts are the same (tests/test_fast_pa
 from typing import Protocol
 
 
-class ForkServer(Protocol):
+class ChildForker(Protocol):
     """A started fork server, ready (grader.sandbox.fast.forkserver.ForkServer)."""
 
     fence: object  # the fence its children enter (grader.sandbox.fence.Fence)
@@ -20,7 +20,7 @@ class ForkServer(Protocol):
 
 
 class Speedups(Protocol):
-    def fork_server(self) -> ForkServer | None:
+    def fork_server(self) -> ChildForker | None:
         """Return the fork server, ready; None where children start afresh."""
         ...
 

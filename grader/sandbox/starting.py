@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-from grader.base.check_devices import grading_mode
+from grader.base.grading_devices import grading_mode
 from grader.base.limits import Limits
 from grader.base.protocol import ForkOrder
 from grader.sandbox.fence import (
@@ -23,7 +23,7 @@ from grader.sandbox.fence import (
     with_import_path,
 )
 from grader.sandbox.preload import WAIT_POLICY
-from grader.sandbox.speedups import ForkServer
+from grader.sandbox.speedups import ChildForker
 
 # ---- starting a child --------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ def start_child(
     limits: Limits,
     report_fd: int,
     reply_fd: int,
-    server: ForkServer | None,
+    server: ChildForker | None,
     complete: bool = False,
 ) -> Child:
     """Start a fenced child on the request file `request`, from the fork `server` where there

@@ -34,7 +34,7 @@ import torch
 
 from dplab.notebook import NotebookError, read_code_cells
 from grader.api import Case, Context
-from grader.base.check_devices import DEVICES
+from grader.base.grading_devices import DEVICES
 from grader.base.limits import Limits
 from grader.base.protocol import CaseOutcome, ChildRequest, Frame, Note, to_plain
 from grader.load.notebook import said_cell
