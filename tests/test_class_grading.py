@@ -21,7 +21,7 @@ from grader.load.submission import Submission
 from grader.manifest import REPO, load_manifest
 from grader.report.exports import summary_table
 from grader.report.json_report import read_json
-from grader.sandbox.scheduler import SpareCores
+from grader.sandbox.fast.spare_cores import SpareCores
 from tests.conftest import EXERCISES, SOLUTIONS, python
 
 MANIFEST = load_manifest()
@@ -264,12 +264,12 @@ def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, 
         def idle(self, share=0.75):
             return self.answer
 
-    import grader.sandbox.scheduler as scheduler
+    import grader.sandbox.fast.spare_cores as spare_cores
 
     monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)
     subs = [Submission(f"s{i}", tmp_path, {}, []) for i in range(8)]
     for idle, expected in ((False, 2), (True, 4)):
-        monkeypatch.setattr(scheduler, "spare_cores", lambda idle=idle: Spare(idle))
+        monkeypatch.setattr(spare_cores, "spare_cores", lambda idle=idle: Spare(idle))
         most[0] = 0
         results = grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
         assert [r.id for r in results] == [s.id for s in subs]

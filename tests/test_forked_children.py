@@ -100,7 +100,7 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
     helper, back from the end; a crash there is restarted there. Every verdict is the one a
     single child gives."""
     import grader.grading
-    import grader.sandbox.scheduler as scheduler
+    import grader.sandbox.fast.spare_cores as spare_cores
     import grader.sandbox.supervisor as supervisor
 
     folder = tmp_path / "shared" / MANIFEST.assignment
@@ -139,7 +139,7 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
     alone = verdicts(grade_path(folder, exercises, side_by_side=1))
     monkeypatch.undo()
     monkeypatch.setattr(grader.grading, "run_isolated", counting)
-    monkeypatch.setattr(scheduler, "spare_cores", IdleCores)
+    monkeypatch.setattr(spare_cores, "spare_cores", IdleCores)
     shared = verdicts(grade_path(folder, exercises, side_by_side=1))
     assert helpers[0] == 0 and helpers[1] >= 1
     assert shared == alone

@@ -4,7 +4,7 @@
   folder per student) gives one submission per student.
 - Submissions run `jobs` at a time, each in its own fenced children (grader.grading); while
   the cores sit idle (a submission whose ranks deadlocked waits for the verdict), one more
-  starts, up to twice `jobs` (see grader.sandbox.scheduler.SpareCores).
+  starts, up to twice `jobs` (see grader.sandbox.fast.spare_cores).
 - After each one finishes, the JSON report, the CSV gradebook, its Gradescope file and its
   feedback file are rewritten atomically, so an interrupted run keeps everything already graded.
 - A submission whose fingerprint (notebooks, grader, options) matches one in the existing
@@ -344,9 +344,9 @@ class ClassRun:
         """Grade what is left, writing `outputs` as each result comes in, and once more at
         the end (or on Ctrl-C or a failure, with what is done)."""
         show(len(self.results), 0, None)
-        idle_cores = pace.chosen().more_children()
+        idle = pace.chosen().a_core_is_idle
         finishing = side_by_side_while_idle(
-            self.grade, self.todo, self.jobs, 2 * self.jobs, idle_cores=idle_cores
+            self.grade, self.todo, self.jobs, 2 * self.jobs, a_core_is_idle=idle
         )
         try:
             with contextlib.closing(finishing):

@@ -1,10 +1,9 @@
 """Who runs next: which loop of children takes each case of a notebook (`Shares`), and how
-many notebooks or submissions run side by side while the cores sit idle (`SpareCores`)."""
+many notebooks or submissions run side by side (more while the cores sit idle, where the
+fast path says they do: grader.sandbox.fast.spare_cores)."""
 
 import contextvars
-import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -12,6 +11,8 @@ from typing import Any
 
 from grader.api import Case
 from grader.sandbox.collected import Collected
+
+LOOK_SECONDS = 0.5  # how often to look again for room while items wait
 
 
 class Shares:
@@ -88,11 +89,11 @@ def side_by_side_while_idle(
     least: int | Callable[[], int],
     most: int,
     extra: tuple[Callable[[], bool], Callable[[], Any]] | None = None,
-    idle_cores: bool = False,
+    a_core_is_idle: Callable[[], bool] = lambda: False,
 ) -> Iterator[tuple[Future, int]]:
     """Run `fn(item)` for each item in threads of their own, in order: `least` at a time (a
-    number, or a function that says it now), and, given `idle_cores` (the fast path's),
-    one more while the cores sit idle (see SpareCores), up to `most`. Once every item has
+    number, or a function that says it now), and one more whenever `a_core_is_idle()` (the
+    fast path's), up to `most`. Once every item has
     started, `extra = (wanted, make)` asks for more: while `wanted()` and there is room as
     above, `make()` returns one more item (or None). Yield each call's future as it
     finishes, with how many are still running. Closing the iterator (Ctrl-C) starts no more
@@ -100,13 +101,12 @@ def side_by_side_while_idle(
     a copy of the caller's context, so it speaks the caller's language (labtext.speaking)."""
     at_least = least if callable(least) else lambda: least
     most = max(1, at_least(), most)
-    spare = spare_cores()
     pool = ThreadPoolExecutor(most)
     waiting, running = deque(items), set()
 
     def room() -> bool:
         fewest = min(most, max(1, at_least()))
-        return len(running) < fewest or (idle_cores and len(running) < most and spare.idle())
+        return len(running) < fewest or (len(running) < most and a_core_is_idle())
 
     try:
         while waiting or running:
@@ -122,56 +122,3 @@ def side_by_side_while_idle(
                 yield done, len(running)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-SPARE_SHARE = 0.75  # of a core, idle on average since the last look: room for one more
-LOOK_SECONDS = 0.5
-
-
-class SpareCores:
-    """How idle this process's cores have been since the last look (/proc/stat). Graders
-    start one more notebook's child, or one more submission, while they sit idle, so that
-    the cores they were given stay busy while a child only waits (ranks watched for a
-    deadlock verdict, say). Other users' work on the same cores counts as busy: a shared
-    machine gets no extra load. One is shared by the whole process (see spare_cores)."""
-
-    def __init__(self) -> None:
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-        self.lines = {f"cpu{c}" for c in cores}
-        self.lock = threading.Lock()
-        self.last = self.read()
-
-    def read(self) -> tuple[float, float] | None:
-        """Return (now, seconds these cores have been idle in all), or None where unknown."""
-        try:
-            with open("/proc/stat") as f:
-                rows = [line.split() for line in f if line.startswith("cpu")]
-        except OSError:
-            return None
-        idle = sum(int(r[4]) + int(r[5]) for r in rows if r[0] in self.lines)  # idle, iowait
-        return time.monotonic(), idle / os.sysconf("SC_CLK_TCK")
-
-    def idle(self, share: float = SPARE_SHARE) -> bool:
-        """Return True if, since the last look at least LOOK_SECONDS ago, `share` of a core
-        was idle on average; such a look starts the count anew (so one more at a time)."""
-        with self.lock:
-            now = self.read()
-            if now is None or self.last is None:
-                return False
-            if now[0] - self.last[0] < LOOK_SECONDS:
-                return False
-            spare = (now[1] - self.last[1]) / (now[0] - self.last[0])
-            self.last = now
-            return spare >= share
-
-
-_spare: list[SpareCores] = []
-_spare_lock = threading.Lock()
-
-
-def spare_cores() -> SpareCores:
-    """Return this process's SpareCores."""
-    with _spare_lock:
-        if not _spare:
-            _spare.append(SpareCores())
-        return _spare[0]

@@ -1,9 +1,10 @@
 """What the fast path may lend the plain sandbox, through this one interface: a way to start
 children (a fork server that has imported torch once) and a scheduling policy (helper
 children that take a notebook's cases from the far end, and extra children while cores sit
-idle). The pipeline passes one in (grader.pace); the plain sandbox asks nothing else of
-the fast path and imports none of it. `PLAIN` lends nothing: each child starts afresh, one
-loop of children per notebook, and the verdicts are the same (tests/test_fast_path.py)."""
+idle: fast/spare_cores.py). The pipeline passes one in (grader.pace); the plain sandbox
+asks nothing else of the fast path and imports none of it. `PLAIN` lends nothing: each
+child starts afresh, one loop of children per notebook, and the verdicts are the same
+(tests/test_fast_path.py)."""
 
 from typing import Protocol
 
@@ -25,7 +26,11 @@ class Speedups(Protocol):
         ...
 
     def more_children(self) -> bool:
-        """Whether a notebook may get helper children, and idle cores extra children."""
+        """Whether a notebook may get helper children."""
+        ...
+
+    def a_core_is_idle(self) -> bool:
+        """Whether a core has sat idle enough since the last look for one more child."""
         ...
 
     def start_early(self) -> None:
@@ -44,6 +49,9 @@ class Plain:
         return None
 
     def more_children(self) -> bool:
+        return False
+
+    def a_core_is_idle(self) -> bool:
         return False
 
     def start_early(self) -> None:

@@ -230,7 +230,7 @@ def run_isolated(
 ) -> Collected:
     """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
     (a number, or a function that says it now), each in a scratch folder of its own, and
-    one more while the cores sit idle (see SpareCores); a child that stops early is followed
+    one more while the cores sit idle (as `speedups` says); a child that stops early is followed
     by another. Once every notebook has started, a core left free goes to a helper (see
     `Shares`). Helpers, idle cores and the fork server are `speedups`' to lend."""
     collected = Collected(phases=phases or Phases())
@@ -274,7 +274,7 @@ def run_isolated(
     more = speedups.more_children()
     extra = (can_help, helper) if more else None
     for done, _running in side_by_side_while_idle(
-        run, items, side_by_side, 2 * len(notebooks), extra, idle_cores=more
+        run, items, side_by_side, 2 * len(notebooks), extra, speedups.a_core_is_idle
     ):
         done.result()
     return collected
