@@ -519,13 +519,18 @@ def test_the_judges_network_is_the_same_whatever_another_thread_does_to_the_glob
     assert differing == 0, f"{differing} of 100 networks built for seed 7 differed"
 
 
-def test_a_judges_computation_that_never_answers_from_its_copy_is_made_here(tmp_path):
+def test_a_judges_computation_that_never_answers_from_its_copy_is_made_here(tmp_path, monkeypatch):
     """A forked copy can hang (on a lock another thread held when it was forked); the
-    grader must not wait for it forever: after `wait` seconds it computes the value itself."""
+    grader must not wait for it forever: after `wait` seconds it computes the value itself.
+    (Whatever this process ran before, autograd's threads are taken as not started, so that
+    a copy is forked: where they run, `apart` computes here at once, and no copy is made.)"""
     import os
     import time
 
+    import grader.ranks.apart
     from grader.api import apart
+
+    monkeypatch.setattr(grader.ranks.apart, "autograd_threads_started", lambda: False)
 
     here = os.getpid()
     copies = tmp_path / "copies"
