@@ -44,7 +44,7 @@ class Limits:
 
 
 # Each limit's option of `grade` and `check` (grader.front.cli), and what it says: every limit
-# is settable, and docs/settings.md lists the same (tests/test_limits.py).
+# is settable, and docs/settings.md lists the same (tests/test_settings.py).
 OPTIONS = {
     "check_seconds": (
         "--check-timeout",
