@@ -26,10 +26,10 @@ from grader import pace  # noqa: E402
 
 if sys.argv[1:2] in (["check"], ["grade"]) and pace.warm_server_allowed():
     # The command runs in a session of the warm fork server, which has imported torch and
-    # the checks already (see grader.front.warm_server), where one answers.
-    from grader.front import warm_server
+    # the checks already (see grader.front.warm_commands), where one answers.
+    from grader.front import warm_commands
 
-    code = warm_server.run_warm(sys.argv)
+    code = warm_commands.run_warm(sys.argv)
     if code is not None:
         os._exit(code)
     # Else it runs here: the fork server (started if need be) imports torch while this

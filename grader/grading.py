@@ -98,19 +98,17 @@ def grade_submission(
     threads: int | None = None,
     phases: Phases | None = None,
     only_checks: set[str] | None = None,
-    side_by_side: int | Callable[[], int] | None = None,
+    at_once: int | Callable[[], int] | None = None,
     notes_about: list[Exercise] | None = None,
 ) -> SubmissionResult:
     """Grade one submission end to end and return its result (adding the time each phase
     took to `phases`, if given). `only_checks` keeps the checks of these names (and those
-    they come after), and runs only their cases. `side_by_side` notebooks are graded at once
+    they come after), and runs only their cases. `at_once` notebooks are graded at once
     (a number, or a function that says it now; by default, as many as there are cores).
     `notes_about` keeps only the notes about those exercises' cells (a student's check of
     one exercise). Its messages are in the submission's language (`sub.language`)."""
     with labtext.speaking(sub.language):
-        results, notes = _graded(
-            sub, seed, hidden, limits, threads, phases, only_checks, side_by_side
-        )
+        results, notes = _graded(sub, seed, hidden, limits, threads, phases, only_checks, at_once)
     if notes_about is not None:
         notes = [n for n in notes if any(n.about(ex.id, ex.function) for ex in notes_about)]
     result = submission_result(sub.id, str(sub.path), results, [n.text for n in notes])
@@ -125,7 +123,7 @@ def _graded(
     threads: int | None,
     phases: Phases | None,
     only_checks: set[str] | None,
-    side_by_side: int | Callable[[], int] | None,
+    at_once: int | Callable[[], int] | None,
 ) -> tuple[list[ExerciseResult], list[Note]]:
     """Return the exercises' results, and the notes of the submission and its notebooks."""
     sub_seed = submission_seed(sub.id, seed)
@@ -142,7 +140,7 @@ def _graded(
                 sub.notebooks.get(ex.notebook) in unfit}  # fmt: skip
     fit = dataclasses.replace(sub, exercises=[e for e in sub.exercises if e.id not in problems])
     load_for_judging(fit, references=hidden)  # what the judging needs, while the children run
-    at_once = side_by_side or notebooks_at_once()
+    at_once = at_once or notebooks_at_once()
     fit_checks = {ex.id: checks[ex.id] for ex in fit.exercises}
     lent = pace.chosen()
     collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once, lent)

@@ -284,10 +284,10 @@ def test_the_last_submissions_of_a_class_get_the_cores_the_others_leave(monkeypa
 
     shares: dict[str, list[int]] = {}
 
-    def grade_submission(sub, side_by_side, **options):
-        shares[sub.id] = [side_by_side()]
+    def grade_submission(sub, at_once, **options):
+        shares[sub.id] = [at_once()]
         time.sleep({"s0": 0.1, "s1": 1.0, "s2": 2.0}[sub.id])  # s2 starts as s0 ends
-        shares[sub.id].append(side_by_side())
+        shares[sub.id].append(at_once())
         return SubmissionResult(sub.id, str(sub.path), 1.0, 1.0)
 
     monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)

@@ -526,7 +526,7 @@ def test_a_group_whose_every_rank_returned_gives_its_results_though_it_then_stal
 # used), then ranks launched; each says whether pyplot had run its code.
 RANKS_AND_PYPLOT = """
 import sys
-from grader.sandbox.preload import preload, the_rest
+from grader.sandbox.fast.preload import preload, the_rest
 from grader.load.notebook import imported_when_used
 import dplab.distributed
 import dplab.rank

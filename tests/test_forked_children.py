@@ -75,7 +75,7 @@ def test_notebooks_graded_side_by_side_get_the_verdicts_they_get_one_at_a_time(t
     wrong = "def resnet18(num_classes, in_channels=1):\n    return torch.nn.Flatten()"
     write_notebook(folder / "concise.ipynb", *replacing("resnet18", wrong, "concise.ipynb"))
     exercises = ["try_gpu", "allreduce", "resnet18"]
-    found = {n: verdicts(grade_path(folder, exercises, side_by_side=n)) for n in (1, 2)}
+    found = {n: verdicts(grade_path(folder, exercises, at_once=n)) for n in (1, 2)}
     assert found[1] == found[2]
     crashed = " ".join(m for name, (_, _, m) in found[2].items() if name.startswith("try_gpu"))
     assert "segmentation fault" in crashed and "Fatal Python error" in crashed
@@ -99,9 +99,8 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
     """While a child waits (here in time.sleep), idle cores run the notebook's last cases in a
     helper, back from the end; a crash there is restarted there. Every verdict is the one a
     single child gives."""
-    import grader.grading
     import grader.sandbox.fast.spare_cores as spare_cores
-    import grader.sandbox.supervisor as supervisor
+    from grader.sandbox.fast.sharing import SharedLoops
 
     folder = tmp_path / "shared" / MANIFEST.assignment
     waits = (
@@ -128,20 +127,19 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
     write_notebook(folder / "from_scratch.ipynb", *cells)
     exercises = ["try_gpu", "allreduce", "split_batch", "train_batch"]
     helpers = []
+    make_helper = SharedLoops.helper
 
-    def counting(*args, **kwargs):
-        collected = supervisor.run_isolated(*args, **kwargs)
-        helpers.append(collected.helpers)
-        return collected
+    def counting(self):
+        made = make_helper(self)
+        helpers.append(made is not None)
+        return made
 
-    monkeypatch.setattr(grader.grading, "run_isolated", counting)
-    monkeypatch.setattr(supervisor.Shares, "helper", lambda self, collected: None)
-    alone = verdicts(grade_path(folder, exercises, side_by_side=1))
-    monkeypatch.undo()
-    monkeypatch.setattr(grader.grading, "run_isolated", counting)
+    monkeypatch.setattr(SharedLoops, "helper", lambda self: None)
+    alone = verdicts(grade_path(folder, exercises, at_once=1))
+    monkeypatch.setattr(SharedLoops, "helper", counting)
     monkeypatch.setattr(spare_cores, "spare_cores", IdleCores)
-    shared = verdicts(grade_path(folder, exercises, side_by_side=1))
-    assert helpers[0] == 0 and helpers[1] >= 1
+    shared = verdicts(grade_path(folder, exercises, at_once=1))
+    assert any(helpers)
     assert shared == alone
     crashed = [m for name, (_, _, m) in shared.items() if name.startswith("split_batch")]
     assert any("exited with code 3" in m for m in crashed)
@@ -154,35 +152,40 @@ def test_shares_give_each_case_to_the_loop_that_takes_it_first():
     """Cases are told apart by exercise too: both exercises here have a `book_demo`."""
     from grader.judge.registry import exercise_checks
     from grader.sandbox.collected import Collected
+    from grader.sandbox.fast.sharing import SharedLoops
     from grader.sandbox.runner import unique_cases
-    from grader.sandbox.scheduler import Shares
 
     found = {
         e: unique_cases(exercise_checks(MANIFEST.exercise(e), include_hidden=False))
         for e in ("allreduce", "split_batch")
     }
-    shares, collected, first = Shares(found), Collected(), object()
+    loops, collected = SharedLoops({"nb": found}, {}), Collected()
+    first = loops.first("nb", collected)
+    shares = loops.shares["nb"]
     reduce_cases, (*split_but_last, split_last) = shares.cases.values()
-    assert shares.helper(collected) is None  # nothing to help with before the first loop starts
-    assert shares.take("allreduce", reduce_cases[0], first)
-    helper = shares.helper(collected)  # takes the last case nobody has taken
-    assert helper is not None and shares.owner["split_batch", split_last] is helper
-    assert not shares.take("split_batch", split_last, first)
-    assert shares.take("split_batch", split_but_last[-1], helper)
+    assert loops.helper() is None  # nothing to help with before the first loop starts
+    assert first.take("allreduce", reduce_cases[0])
+    _nb, helper = loops.helper()  # takes the last case nobody has taken
+    assert shares.owner["split_batch", split_last] is helper
+    assert not first.take("split_batch", split_last)
+    assert helper.take("split_batch", split_but_last[-1])
     left = {"allreduce": reduce_cases, "split_batch": split_but_last[:-1]}
-    assert shares.open(first, collected) == left
+    assert dict(first.left(collected)) == left
     assert shares.untaken(collected) == {**left, "allreduce": reduce_cases[1:]}
+    assert helper.holds_any("split_batch", split_but_last) and not helper.holds_any(
+        "allreduce", reduce_cases
+    )
     collected.outcomes["allreduce"] = {case: CaseOutcome(case) for case in reduce_cases}
     collected.stopped["split_batch"] = "stopped"
-    assert shares.open(first, collected) == {} and shares.helper(collected) is None
+    assert first.left(collected) == [] and loops.helper() is None
 
 
 def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_others():
     """train_ddp's ranks stop at its end: a helper that began with it would fork twice."""
     from grader.judge.registry import exercise_checks
     from grader.sandbox.collected import Collected
+    from grader.sandbox.fast.sharing import SharedLoops
     from grader.sandbox.runner import unique_cases
-    from grader.sandbox.scheduler import Shares
     from grader.sandbox.supervisor import holds_in_ranks
 
     ids = ("evaluate_accuracy_distributed", "train_ddp", "train_loop")
@@ -192,17 +195,27 @@ def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_oth
     held = {e for e in ids if holds_in_ranks(MANIFEST.exercise(e), cases[e])}
     assert held == {"train_ddp"}  # train_loop holds names too, but starts no process group
     found = {e: cases[e] for e in ids[:2]}
-    shares, collected, first = Shares(found, frozenset(held)), Collected(), object()
+    loops, collected = SharedLoops({"nb": found}, {"nb": frozenset(held)}), Collected()
+    first, shares = loops.first("nb", collected), loops.shares["nb"]
     evaluate, ddp = shares.cases.values()
-    assert shares.take("evaluate_accuracy_distributed", evaluate[0], first)
-    helper = shares.helper(collected)
-    assert (
-        helper is not None and shares.owner["evaluate_accuracy_distributed", evaluate[-1]] is helper
-    )
+    assert first.take("evaluate_accuracy_distributed", evaluate[0])
+    _nb, helper = loops.helper()
+    assert shares.owner["evaluate_accuracy_distributed", evaluate[-1]] is helper
     assert ddp, "train_ddp has no case"
     assert all(("train_ddp", name) not in shares.owner for name in ddp)
-    order = shares.backwards(shares.open(helper, collected))
+    order = helper.left(collected)
     assert order == [("evaluate_accuracy_distributed", evaluate[:0:-1]), ("train_ddp", ddp[::-1])]
+
+
+def test_the_plain_path_runs_one_loop_per_notebook_whose_children_never_ask():
+    """GRADER_FAST=off: no helper loops, and no Claim round trip before each case."""
+    from grader.sandbox.collected import Collected
+    from grader.sandbox.speedups import PLAIN
+
+    loops, collected = PLAIN.loops({"nb": {"allreduce": []}}, {}), Collected()
+    loop = loops.first("nb", collected)
+    assert loops.more is None and not loop.asks and not loop.helper
+    assert PLAIN.room(2, 4)(1) and not PLAIN.room(2, 4)(2)
 
 
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):
@@ -247,7 +260,7 @@ def test_huge_pages_leave_forked_children_computing_as_before():
     time (where the system has them); children forked afterwards compute the same."""
     code = (
         "import os, torch\n"
-        "from grader.sandbox.preload import huge_pages\n"
+        "from grader.sandbox.fast.preload import huge_pages\n"
         "x = torch.arange(6.0).reshape(2, 3)\n"
         "step, steps = huge_pages(), 1\n"
         "while not step():\n"
@@ -270,7 +283,7 @@ def test_huge_pages_leave_forked_children_computing_as_before():
 def test_the_fork_server_imports_no_hidden_check_mistake_or_reference():
     code = (
         "import sys\n"
-        "from grader.sandbox.preload import preload, the_rest\n"
+        "from grader.sandbox.fast.preload import preload, the_rest\n"
         "preload()\n"
         "for step in the_rest(): step()\n"
         "print(sorted(m for m in sys.modules if '.private' in m or m.startswith(("

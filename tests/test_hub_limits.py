@@ -164,9 +164,9 @@ def test_no_process_of_a_lab_outlives_the_hub_and_no_file_outlives_hub_clear(hub
     groups = {g for name in STUDENTS for g in lab_groups(hub, name)}
     # What would outlive the labs: a warm server (bo checked from the Terminal) and a
     # process that ann's kernel started and detached.
-    if not any("warm_server" in args for args in processes(names["bo"]).values()):
+    if not any("warm_commands" in args for args in processes(names["bo"]).values()):
         labs["bo"].terminal(CHECK)
-    assert any("grader.front.warm_server" in a for a in processes(names["bo"]).values())
+    assert any("grader.front.warm_commands" in a for a in processes(names["bo"]).values())
     assert "started" in labs["ann"].run(LINGERER)
     assert any("while True" in a for a in processes(names["ann"]).values())
     # The lab's own temporary files (its Terminal's, its warm server's) are in its home...

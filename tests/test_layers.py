@@ -21,14 +21,12 @@ LAYERS = {
     "texts": ("labtext.*",),
     # The lab's library, the book's d2l for this lab: it knows nothing of the grader.
     "runtime": ("dplab.*",),
-    # What checks are written with.
-    "vocabulary": (
-        "grader.settings",
-        "grader.manifest",
-        "grader.base.*",
-        "grader.ranks.*",
-        "grader.api",
-    ),  # fmt: skip
+    # What checks are written with: the grader's settings, the manifest and the base types.
+    "base": ("grader.settings", "grader.manifest", "grader.base.*"),
+    # Process groups of ranks, for the distributed exercises' cases: made of the base alone.
+    "ranks": ("grader.ranks.*",),
+    # The one module checks import (grader.api), which hands out the ranks' tools.
+    "vocabulary": ("grader.api",),
     "exercises": ("grader.exercises.*",),
     "load": ("grader.load.*",),
     "sandbox": ("grader.sandbox.*",),
@@ -124,7 +122,7 @@ def test_the_graph_is_read_from_the_code(graph):
     assert "grader.load" in graph["grader.sandbox.child"]  # above grader.load.notebook
     assert "grader.sandbox" not in graph["grader.sandbox.child"]  # its own package ran first
     assert layer("dplab.distributed") == "runtime"
-    assert layer("grader.ranks.pools") == "vocabulary"
+    assert layer("grader.ranks.pools") == "ranks" and layer("grader.api") == "vocabulary"
     assert layer("grader") == "front ends" and layer("grader.benchmarks.grade") == "benchmarks"
 
 
@@ -210,9 +208,9 @@ def test_checks_modules_use_the_grader_through_its_api_alone(graph):
 FAST = "grader.sandbox.fast"
 
 
-# Those that may import the fast path: the one place that chooses it, and the warm server,
-# which is the fast path's server run as a command (and the benchmarks, which measure it).
-CHOOSE_THE_FAST_PATH = ("grader.pace", "grader.front.warm_server", "grader.benchmarks.")
+# Those that may import the fast path: the one place that chooses it (and the benchmarks,
+# which measure it).
+CHOOSE_THE_FAST_PATH = ("grader.pace", "grader.benchmarks.")
 
 
 def test_the_plain_sandbox_reaches_the_fast_path_through_one_interface(graph):
@@ -235,6 +233,14 @@ def test_the_plain_sandbox_reaches_the_fast_path_through_one_interface(graph):
         if "FAST.get()" in path.read_text(encoding="utf-8")
     )
     assert readers == ["grader/pace.py"]
+
+
+def test_the_plain_sandbox_reads_alone_in_about_2300_lines():
+    """What runs one child and watches it, without the fast path (grader/sandbox/*.py, not
+    fast/), is short enough to read whole: the speed ideas stay in fast/."""
+    plain = sorted((REPO / "grader" / "sandbox").glob("*.py"))
+    lines = sum(len(path.read_text(encoding="utf-8").splitlines()) for path in plain)
+    assert lines <= 2350, f"the plain sandbox has {lines} lines"
 
 
 def test_grading_without_the_fast_path_never_imports_it(tmp_path):
@@ -354,8 +360,8 @@ def test_a_command_reaches_the_warm_server_before_it_imports_torch():
     import sys
 
     code = (
-        "import sys; from grader import settings; from grader.front import warm_server; "
-        "from grader.sandbox.fast import forkserver; "
+        "import sys; from grader import settings; from grader.front import warm_commands; "
+        "from grader.sandbox.fast import forkserver, warm_server as fast; "
         "print(sorted(m for m in ('torch', 'dplab') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -374,14 +380,14 @@ NOT_IN_A_KERNEL = (
     "grader.ranks.recording",
     "grader.ranks.side_by_side",
     "grader.sandbox.fast.forkserver",
-    "grader.sandbox.preload",
+    "grader.sandbox.fast.preload",
     "grader.sandbox.fence",
     "grader.sandbox.audit",
     "grader.sandbox.supervisor",
     "grader.sandbox.starting",
     "grader.sandbox.scheduler",
     "grader.sandbox.fast.warm_client",
-    "grader.front.warm_server",
+    "grader.front.warm_commands",
 )
 
 

@@ -402,7 +402,7 @@ def test_nothing_reads_the_environment_outside_the_settings_modules():
     reads = tree_reads()
     reached = {read.path for read in reads}  # (so that a scan of nothing cannot pass)
     assert {
-        "grader/front/warm_server.py",
+        "grader/front/warm_commands.py",
         "hub/jupyterhub_config.py",
         "docker/lab-health",
     } <= reached

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from grader.front.warm_server import run_warm
+from grader.front.warm_commands import run_warm
 from grader.grading import grade_path
 from grader.manifest import REPO, load_manifest
-from grader.sandbox import preload
-from grader.sandbox.fast import warm_client
+from grader.sandbox.fast import preload, warm_client
 from tests.conftest import SOLUTIONS, python, write_notebook
 from tests.test_hostile import replacing
 

@@ -101,6 +101,7 @@ class ChildRequest:
     scratch: str  # the child's own folder
     private: list[str]  # folders it must not read (grader.sandbox.fence)
     limits: Limits  # what its cases and their ranks may use
+    asks: bool  # whether it asks (Claim) before each case: another loop of children may have it
     skip: dict[str, list[list[int]]]  # notebook -> [cell, line] of statements not to run
     notebooks: dict[str, str]  # notebook -> its copy in the scratch folder
     # [exercise, [[case name, [module, attribute], arguments], ...]], in the order to run

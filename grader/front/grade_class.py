@@ -50,7 +50,7 @@ from grader.report.paths import (
     write_report,
 )
 from grader.sandbox.collected import Phases
-from grader.sandbox.scheduler import side_by_side_while_idle
+from grader.sandbox.scheduler import in_threads
 from labtext import _
 
 
@@ -310,7 +310,7 @@ class ClassRun:
         self.ended = 0  # submissions graded so far in this run
         self.counting = threading.Lock()
 
-    def side_by_side(self) -> int:
+    def notebooks_at_once(self) -> int:
         """The notebooks of a submission graded at once: the cores shared among the
         submissions not yet graded (those graded now and those waiting), at most `jobs` (so
         the last ones of a class get the cores the others leave)."""
@@ -330,7 +330,7 @@ class ClassRun:
                 sub,
                 **self.grading,
                 threads=self.threads,
-                side_by_side=self.side_by_side,
+                at_once=self.notebooks_at_once,
             )
         finally:
             with self.counting:
@@ -344,10 +344,8 @@ class ClassRun:
         """Grade what is left, writing `outputs` as each result comes in, and once more at
         the end (or on Ctrl-C or a failure, with what is done)."""
         show(len(self.results), 0, None)
-        idle = pace.chosen().a_core_is_idle
-        finishing = side_by_side_while_idle(
-            self.grade, self.todo, self.jobs, 2 * self.jobs, a_core_is_idle=idle
-        )
+        most = 2 * self.jobs
+        finishing = in_threads(self.grade, self.todo, pace.chosen().room(self.jobs, most), most)
         try:
             with contextlib.closing(finishing):
                 for future, running in finishing:

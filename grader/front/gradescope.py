@@ -126,7 +126,7 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
     sub.id = student_of(metadata)
     # One notebook at a time: Gradescope's half a core gains nothing from more, and each
     # notebook's children side by side would hold their memory at once.
-    result = grade_submission(sub, seed=seed, hidden=True, side_by_side=1)
+    result = grade_submission(sub, seed=seed, hidden=True, at_once=1)
     write_report(results, json.dumps(gradescope_results(result), indent=2) + "\n")
     print(f"{result.id}: {result.score:g}/{result.max_score:g}")
     return 0

@@ -60,6 +60,21 @@ def public_modules() -> set[str]:
     return {ex.checks for ex in load_manifest().exercises} | {"grader.base.inputs"}
 
 
+def _dynamo() -> None:
+    import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 0.45 s)
+
+
+def _plotting() -> None:
+    import matplotlib  # (0.2 s: a notebook that imports pyplot imports it whole)
+
+    matplotlib.use("Agg")
+
+
+# What a child imports before it forks ranks for a distributed exercise, so that its ranks
+# share it rather than each importing it; last first (grader.sandbox.fast.preload.the_rest).
+LATER_IMPORTS = (_dynamo, _plotting)
+
+
 def held_cells(channel: Channel, reply_fd: int, nonce: str, exercise: str, names) -> list[str]:
     """Ask the grader for the reference cells that `names` need (none: an empty list)."""
     channel.send(Held(exercise, sorted(names)))
@@ -153,11 +168,8 @@ def serve(request: ChildRequest, report_fd: int | None, reply_fd: int | None) ->
     if "torch._dynamo" not in sys.modules and any(
         manifest.exercise(ex).distributed for ex in plans
     ):
-        # A child started afresh imports now what a forked one has from the fork server's
-        # session (grader.sandbox.preload.the_rest): otherwise each of its ranks would import it.
-        from grader.sandbox.preload import the_rest
-
-        for step in the_rest():
+        # Imported now, or else by each of its ranks (a forked child may have them already).
+        for step in LATER_IMPORTS:
             step()
     before = Snapshot(watched_objects())
     install_audit_hook(Path(request.scratch), [Path(p) for p in request.private])
@@ -192,10 +204,13 @@ class Exercises:
         if not plan:  # every case already ran in an earlier child
             self.channel.send(ExerciseDone(exercise_id))
             return
-        # Each case is claimed just before it runs: while cores sit idle, another child may
-        # be running the notebook's cases from the far end (grader.sandbox.supervisor).
+        # Where asked to, each case is claimed just before it runs: another loop of children
+        # may be running the notebook's cases from the far end (grader.sandbox.fast.sharing).
         mine = (
-            c for c in plan if claimed(self.channel, self.reply_fd, self.nonce, exercise_id, c[0])
+            c
+            for c in plan
+            if not self.request.asks
+            or claimed(self.channel, self.reply_fd, self.nonce, exercise_id, c[0])
         )
         first = next(mine, None)
         if first is None:

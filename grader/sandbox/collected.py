@@ -33,7 +33,6 @@ class Collected:
     skip: dict[str, list[list[int]]] = field(default_factory=dict)  # notebook -> [cell, line]
     skip_notes: dict[str, list[Note]] = field(default_factory=dict)  # why they were skipped
     phases: Phases = field(default_factory=Phases)  # where the time went
-    helpers: int = 0  # children started to share out a notebook's exercises (see Shares)
 
     def progress(self, exercises: list) -> int:
         """Return how many cases of `exercises` have an outcome, plus those found tampering."""

@@ -196,6 +196,13 @@ def needed_paths() -> list[str]:
     return list(dict.fromkeys([paths["stdlib"], paths["purelib"], paths["platlib"], str(REPO)]))
 
 
+# PyTorch's OpenMP threads spin while they wait for each other. On a machine whose cores are
+# busy with other work, that spinning made one grade take 74 s instead of 9 s (2 cores, one
+# of them kept busy). Children use one thread (grader.grading.default_threads); this keeps
+# code that asks for more from spinning.
+WAIT_POLICY = "PASSIVE"
+
+
 def with_import_path(env: dict[str, str]) -> dict[str, str]:
     """Return `env` with a PYTHONPATH that lets a process working in another folder import
     the grader, dplab and labtext from where this process did: its entries made absolute,

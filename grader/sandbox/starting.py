@@ -14,6 +14,7 @@ from grader.base.grading_devices import grading_mode
 from grader.base.limits import Limits
 from grader.base.protocol import ForkOrder
 from grader.sandbox.fence import (
+    WAIT_POLICY,
     Fence,
     choose_fence,
     ending_with_this_process,
@@ -22,7 +23,6 @@ from grader.sandbox.fence import (
     private_paths,
     with_import_path,
 )
-from grader.sandbox.preload import WAIT_POLICY
 from grader.sandbox.speedups import ChildForker
 
 # ---- starting a child --------------------------------------------------------------------

@@ -52,8 +52,8 @@ from grader.sandbox.collected import (
 from grader.sandbox.fence import private_paths
 from grader.sandbox.frames import FrameReader
 from grader.sandbox.runner import unique_cases
-from grader.sandbox.scheduler import Shares, side_by_side_while_idle
-from grader.sandbox.speedups import PLAIN, Speedups
+from grader.sandbox.scheduler import in_threads
+from grader.sandbox.speedups import PLAIN, Loop, Speedups
 from grader.sandbox.starting import Child, forget, start_child, track
 from grader.sandbox.watching import (
     PROCESSOR_TIME,
@@ -92,9 +92,11 @@ class ChildJob:
     speedups: Speedups = PLAIN  # what the fast path lends (grader.sandbox.speedups)
 
 
-def child_request(job: ChildJob, nonce: str, report_fd: int, reply_fd: int) -> ChildRequest:
+def child_request(
+    job: ChildJob, nonce: str, report_fd: int, reply_fd: int, asks: bool = False
+) -> ChildRequest:
     """Return the request a child reads (grader.sandbox.child) for `job`, with the child's
-    ends of its pipes."""
+    ends of its pipes; `asks`: whether it asks before each case."""
     names = job.sub.notebooks
     return ChildRequest(
         nonce=nonce,
@@ -108,6 +110,7 @@ def child_request(job: ChildJob, nonce: str, report_fd: int, reply_fd: int) -> C
         scratch=str(job.scratch),
         private=[str(p) for p in private_paths()],
         limits=job.limits,
+        asks=asks,
         skip={name: [list(s) for s in job.collected.skip.get(name, [])] for name in names},
         notebooks={name: str(job.scratch / "submission" / name) for name in names},
         exercises=[
@@ -117,17 +120,18 @@ def child_request(job: ChildJob, nonce: str, report_fd: int, reply_fd: int) -> C
     )
 
 
-def run_child(job: ChildJob, claim: Callable[[str, str], bool] = lambda ex, case: True) -> Stop:
+def run_child(job: ChildJob, claim: Callable[[str, str], bool] | None = None) -> Stop:
     """Run one child on `job`, adding what it reports to its `collected`; return how it
-    ended. `claim(exercise, case)` says whether the child may run a case (no other child
-    has it)."""
+    ended. Where `claim` is given, the child asks before each case, and `claim(exercise,
+    case)` says whether it may run it (no other loop of children has it)."""
     plans, limits, threads, scratch = job.plans, job.limits, job.threads, job.scratch
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
     reply_read, reply_write = os.pipe()
     request_path = scratch / f"request-{nonce[:8]}.pt"
     asked = time.monotonic()
-    torch.save(to_plain(child_request(job, nonce, write_fd, reply_read)), request_path)
+    request = child_request(job, nonce, write_fd, reply_read, asks=claim is not None)
+    torch.save(to_plain(request), request_path)
     try:
         complete = any(load_manifest().exercise(ex).distributed for ex in plans)
         server = job.speedups.fork_server()
@@ -214,7 +218,7 @@ def end_child(proc: Child, read_fd: int, reply_write: int) -> int:
 
 def holds_in_ranks(exercise, cases: list[Case]) -> bool:
     """Return True when the exercise's `cases` start process groups and hold names right with
-    the reference's (see Shares)."""
+    the reference's (a helper loop takes those last: grader.sandbox.fast.sharing.Shares)."""
     return exercise.distributed and any(c.holds for c in cases)
 
 
@@ -225,14 +229,13 @@ def run_isolated(
     limits: Limits,
     threads: int,
     phases: Phases | None = None,
-    side_by_side: int | Callable[[], int] = 1,
+    at_once: int | Callable[[], int] = 1,
     speedups: Speedups = PLAIN,
 ) -> Collected:
-    """Run every exercise's cases in fenced children, `side_by_side` notebooks' at a time
-    (a number, or a function that says it now), each in a scratch folder of its own, and
-    one more while the cores sit idle (as `speedups` says); a child that stops early is followed
-    by another. Once every notebook has started, a core left free goes to a helper (see
-    `Shares`). Helpers, idle cores and the fork server are `speedups`' to lend."""
+    """Run every exercise's cases in fenced children, in a loop of children per notebook,
+    `at_once` notebooks at a time (a number, or a function that says it now), each in a
+    scratch folder of its own; a child that stops early is followed by another. Where
+    `speedups` lend them, more loops and more at a time."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
@@ -240,91 +243,74 @@ def run_isolated(
     # others share the cores left beside it.
     notebooks.sort(key=lambda nb: not any(ex.distributed for ex in todo if ex.notebook == nb))
     cases = {ex.id: unique_cases(checks[ex.id]) for ex in todo}
-    shares = {
-        nb: Shares(
-            {ex.id: cases[ex.id] for ex in todo if ex.notebook == nb},
-            frozenset(
-                ex.id for ex in todo if ex.notebook == nb and holds_in_ranks(ex, cases[ex.id])
-            ),
-        )
-        for nb in notebooks
+    in_notebook = {nb: [ex for ex in todo if ex.notebook == nb] for nb in notebooks}
+    by_notebook = {nb: {ex.id: cases[ex.id] for ex in found} for nb, found in in_notebook.items()}
+    last = {
+        nb: frozenset(ex.id for ex in found if holds_in_ranks(ex, cases[ex.id]))
+        for nb, found in in_notebook.items()
     }
+    loops = speedups.loops(by_notebook, last)
 
-    def run(item: tuple[str, object | None]) -> None:
-        notebook, helper = item
-        run_notebook(sub, shares[notebook], seed, limits, threads, collected, helper, speedups)
+    def run(item: tuple[str, Loop]) -> None:
+        notebook, loop = item
+        job = NotebookJob(sub, cases, seed, limits, threads, collected, speedups)
+        run_notebook(job, loop)
 
-    def untaken(notebook: str) -> int:
-        return sum(map(len, shares[notebook].untaken(collected).values()))
-
-    def can_help() -> bool:
-        return any(untaken(nb) for nb in notebooks)
-
-    def helper() -> tuple[str, object] | None:
-        for nb in sorted(notebooks, key=untaken, reverse=True):
-            loop = shares[nb].helper(collected)
-            if loop is not None:
-                collected.helpers += 1
-                return nb, loop
-        return None
-
-    # More start while the cores sit idle: a notebook whose ranks deadlocked waits for the
-    # verdict, computing nothing, and the notebooks after it need not wait with it.
-    items = [(nb, None) for nb in notebooks]
-    more = speedups.more_children()
-    extra = (can_help, helper) if more else None
-    for done, _running in side_by_side_while_idle(
-        run, items, side_by_side, 2 * len(notebooks), extra, speedups.a_core_is_idle
-    ):
+    items = [(nb, loops.first(nb, collected)) for nb in notebooks]
+    most = 2 * len(notebooks)
+    for done, _running in in_threads(run, items, speedups.room(at_once, most), most, loops.more):
         done.result()
     return collected
 
 
-def run_notebook(
-    sub: Submission,
-    shares: Shares,
-    seed: int,
-    limits: Limits,
-    threads: int,
-    collected: Collected,
-    helper: object | None = None,
-    speedups: Speedups = PLAIN,
-) -> None:
-    """Run the cases of a notebook's exercises (`shares.cases`) in fenced children,
-    restarting after a child stops early. One child at a time per loop: each notebook's
-    exercises start from a process that has run no other notebook's code (whose autograd
-    threads, for one, would stop the distributed exercises from forking their ranks).
-    A `helper` (a loop made by `Shares.helper`) runs from the last case back; without one,
-    this is the notebook's first loop, which runs them in order."""
-    loop = helper if helper is not None else object()
-    base = Context(seed)
+@dataclass(frozen=True)
+class NotebookJob:
+    """What a notebook's loops of children share: the submission, every exercise's cases
+    (by exercise id), and how they run, adding what the children report to `collected`."""
+
+    sub: Submission
+    cases: dict[str, list[Case]]
+    seed: int
+    limits: Limits
+    threads: int
+    collected: Collected
+    speedups: Speedups
+
+
+def run_notebook(job: NotebookJob, loop: Loop) -> None:
+    """Run the cases left to `loop` in fenced children, restarting after a child stops early.
+    One child at a time per loop: each notebook's exercises start from a process that has run
+    no other notebook's code (whose autograd threads, for one, would stop the distributed
+    exercises from forking their ranks)."""
+    base = Context(job.seed)
     manifest = load_manifest()
+    case = {(ex, c.name): c for ex, found in job.cases.items() for c in found}
+    collected = job.collected
 
     def planned(exercise: str, name: str) -> tuple[str, Case, dict]:
-        found = shares.case[exercise, name]
+        found = case[exercise, name]
         return name, found, found.arguments(base.for_case(name))
 
-    todo = shares.open(loop, collected)
+    todo = loop.left(collected)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         scratch = Path(tmp)
-        copy_submission(sub, scratch)
+        copy_submission(job.sub, scratch)
         while todo:
-            order = list(todo.items())
-            if helper is not None:  # from the far end
-                order = shares.backwards(todo)
-            plans = {ex: [planned(ex, name) for name in names] for ex, names in order}
+            plans = {ex: [planned(ex, name) for name in names] for ex, names in todo}
             exercises = [manifest.exercise(ex) for ex in plans]
             before = collected.progress(exercises)
-            job = ChildJob(sub, plans, seed, limits, threads, scratch, collected, speedups)
-            stop = run_child(job, lambda exercise, case: shares.take(exercise, case, loop))
-            if not take_stop(stop, sub, shares, loop, helper, collected, plans):
+            child = ChildJob(
+                job.sub, plans, job.seed, job.limits, job.threads, scratch, collected, job.speedups
+            )
+            stop = run_child(child, loop.take if loop.asks else None)
+            if not take_stop(stop, job.sub, loop, collected, plans):
                 return  # a helper is extra: the first loop runs what it has not taken
             progress = collected.progress(exercises)
             if not isinstance(stop.on, OnStatement) and progress == before and not stop.reason:
                 # Nothing ran, and it ended well: stuck, unless other loops took the rest.
-                if (first := first_left(shares, loop, collected, plans)) is not None:
+                if (first := first_left(loop, collected, plans)) is not None:
                     collected.stopped[first] = _("the grading process ended without a report")
-            todo = shares.open(loop, collected)
+            todo = loop.left(collected)
 
 
 def copy_submission(sub: Submission, scratch: Path) -> None:
@@ -337,24 +323,16 @@ def copy_submission(sub: Submission, scratch: Path) -> None:
     (scratch / "tmp").mkdir()
 
 
-def first_left(shares: Shares, loop: object, collected: Collected, plans: dict) -> str | None:
+def first_left(loop: Loop, collected: Collected, plans: dict) -> str | None:
     """Return the first exercise of `plans` with cases still left to `loop`."""
-    left = shares.open(loop, collected)
+    left = dict(loop.left(collected))
     return next((ex for ex in plans if ex in left), None)
 
 
-def take_stop(
-    stop: Stop,
-    sub: Submission,
-    shares: Shares,
-    loop: object,
-    helper: object | None,
-    collected: Collected,
-    plans: dict,
-) -> bool:
+def take_stop(stop: Stop, sub: Submission, loop: Loop, collected: Collected, plans: dict) -> bool:
     """Record in `collected` where a child of `loop` stopped and why, so that the next child
-    carries on (see the module docstring). Return False when the loop is to end: a `helper`
-    whose notebook could not be loaded."""
+    carries on (see the module docstring). Return False when the loop is to end: a helper
+    loop whose notebook could not be loaded."""
     match stop.on:
         case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
             collected.skip.setdefault(notebook, []).append([cell, line])
@@ -364,12 +342,12 @@ def take_stop(
             )
             collected.skip_notes.setdefault(notebook, []).append(Note("skipped", said, name))
         case OnNotebook(notebook):  # every exercise left to this loop is in it
-            for ex, names in shares.open(loop, collected).items():
-                if helper is None or any(shares.owner.get((ex, n)) is loop for n in names):
+            for ex, names in loop.left(collected):
+                if loop.holds_any(ex, names):
                     collected.stopped[ex] = _("while loading {notebook}, {reason}").format(
                         notebook=notebook, reason=stop.reason
                     )
-            if helper is not None:
+            if loop.helper:
                 return False
         case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
             limit = PROCESSOR_TIME if stop.limit == PROCESSOR_TIME else ""  # (grader.judge.timing)
@@ -378,6 +356,6 @@ def take_stop(
         case OnExercise(exercise):
             collected.stopped[exercise] = stop.reason
         case None if stop.reason:
-            if (first := first_left(shares, loop, collected, plans)) is not None:
+            if (first := first_left(loop, collected, plans)) is not None:
                 collected.stopped[first] = stop.reason
     return True

@@ -32,13 +32,17 @@ class Fast:
 
         return forkserver.ready_server()
 
-    def more_children(self) -> bool:
-        return True
+    def loops(self, cases, last):
+        """Helper loops beside each notebook's first (see sharing.SharedLoops)."""
+        from grader.sandbox.fast.sharing import SharedLoops
 
-    def a_core_is_idle(self) -> bool:
-        from grader.sandbox.fast import spare_cores
+        return SharedLoops(cases, last)
 
-        return spare_cores.spare_cores().idle()
+    def room(self, least, most):
+        """One more while a core sits idle (see sharing.room_while_idle)."""
+        from grader.sandbox.fast.sharing import room_while_idle
+
+        return room_while_idle(least, most)
 
     def start_early(self) -> None:
         """Start the fork server now: it imports torch while the command does the same, on
@@ -46,6 +50,16 @@ class Fast:
         from grader.sandbox.fast import forkserver
 
         forkserver.start()
+
+    def run_warm(self, asked: dict) -> int | None:
+        from grader.sandbox.fast.warm_server import run_warm
+
+        return run_warm(asked)
+
+    def serve_warm(self, argv, run_command) -> None:
+        from grader.sandbox.fast.warm_server import start_serving
+
+        start_serving(argv, run_command)
 
     def stop(self) -> None:
         """End this process's use of the fork server."""

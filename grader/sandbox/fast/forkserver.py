@@ -26,7 +26,7 @@ the child is to start with everything imported (`complete`: see `serve`). On the
 pipe the server writes the child's pid, and its exit code (as `Popen.returncode`) once it
 has ended. When the grader closes the socket, the server kills its children and ends.
 
-The warm server (grader.front.warm_server) is a fork server that outlives its command; finding and
+The warm server (grader.front.warm_commands) is a fork server that outlives its command; finding and
 starting it is grader.sandbox.fast.warm_client.
 """
 
@@ -52,6 +52,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from grader.base.protocol import ORDERS, ForkOrder, from_plain, to_plain
+from grader.sandbox.fast.preload import preload, server_environment, the_rest
 from grader.sandbox.fast.warm_client import connect_warm
 from grader.sandbox.fence import (
     CHILD_UIDS,
@@ -63,7 +64,6 @@ from grader.sandbox.fence import (
     enter,
     needed_paths,
 )
-from grader.sandbox.preload import preload, server_environment, the_rest
 from labtext import _
 
 _STATUS = struct.Struct(">i")

@@ -1,4 +1,4 @@
-"""Find, start and connect to this user's warm server (`grader.front.warm_server`), which
+"""Find, start and connect to this user's warm server (`grader.front.warm_commands`), which
 outlives the command that started it: where it listens, what names it, and which servers run."""
 
 import contextlib
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from grader import settings
+from grader.sandbox.fast.preload import server_environment
 from grader.sandbox.fence import (
     warm_folders,
 )
-from grader.sandbox.preload import server_environment
 
 
 def peer_uid(connection: socket.socket) -> int:
@@ -125,7 +125,7 @@ def start_warm(place: WarmPlace) -> subprocess.Popen:
         with open(place.log, "ab") as out:
             _started[place.path] = subprocess.Popen(
                 [
-                    sys.executable, "-m", "grader.front.warm_server", "--warm", str(place.path),
+                    sys.executable, "-m", "grader.front.warm_commands", "--warm", str(place.path),
                     settings.FENCE.get(), f"{place.idle:g}",
                 ],
                 env=place.env, cwd=place.path.parent, stdin=subprocess.DEVNULL, stdout=out,

@@ -1,5 +1,6 @@
-"""The warm server: a fork server that outlives the command that started it, and runs whole
-`python -m grader check` and `grade` commands, warm.
+"""The fast path's warm server: a fork server that outlives the command that started it, and
+runs whole `python -m grader check` and `grade` commands, warm (grader.front.warm_commands
+runs them in its sessions).
 
 The warm server (`serve_warm`) outlives the command that started it, for `GRADER_WARM_SECONDS`
 (300 by default; 0 for none) after its last grader. It listens on a Unix socket in a folder
@@ -23,23 +24,20 @@ import select
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from grader import settings
-from grader.base.printed import ReaderGone
-from grader.report.paths import umask
-from grader.sandbox.fast.forkserver import probe_fence, serve, stop
+from grader.sandbox.fast.forkserver import probe_fence, serve
+from grader.sandbox.fast.preload import huge_pages, preload, pyplot, the_rest
 from grader.sandbox.fast.warm_client import connect_warm, peer_uid, warm_key
-from grader.sandbox.fence import (
-    Fence,
-)
-from grader.sandbox.preload import huge_pages, preload, pyplot, the_rest
+from grader.sandbox.fence import Fence
 from labtext import _
+
+# Runs a command asked for on a connection, in a session (grader.front.warm_commands.run_command).
+RunCommand = Callable[[socket.socket, dict, list[int]], None]
 
 
 def serve_warm(
@@ -48,6 +46,7 @@ def serve_warm(
     chosen: Callable[[], Fence],
     idle: float,
     started_in: dict[str, str],
+    run_command: RunCommand,
 ) -> None:
     """The warm server: import once, then fork a session (`serve`, on its own connection) for
     each grader that connects, until no grader has come or been served for `idle` seconds, or
@@ -85,7 +84,9 @@ def serve_warm(
             if peer_uid(connection) != os.getuid():
                 connection.close()
                 continue
-            sessions.add(_fork_session(listener, connection, fence, fenced, later, rest))
+            sessions.add(
+                _fork_session(listener, connection, fence, fenced, later, rest, run_command)
+            )
             last = time.monotonic()
     finally:
         with contextlib.suppress(OSError):  # the path may lead to a newer server by now
@@ -112,10 +113,12 @@ def _fork_session(
     fenced: bool,
     later: list[Callable[[], object]],
     rest: list[Callable[[], object]],
+    run_command: RunCommand,
 ) -> int:
     """Fork a session for the grader on `connection` and return its pid. The session runs
-    the command it asks for (`run_command`), or else serves it as a fork server, with the
-    imports of `rest` the server has not done yet (those still in `later`) to do first."""
+    the command it asks for (`run_command`: grader.front.warm_commands's), or else serves it
+    as a fork server, with the imports of `rest` the server has not done yet (those still
+    in `later`) to do first."""
     pid = os.fork()
     if pid == 0:
         listener.close()
@@ -133,85 +136,26 @@ def _fork_session(
     return pid
 
 
-def run_command(connection: socket.socket, asked: dict, fds: list[int]) -> None:
-    """In a session of the warm server: become `python -m grader COMMAND...` as the grader
-    that asked would have been (its standard streams, folder, environment and arguments),
-    run it, and send its exit code. Torch, the lab and the public checks are already here;
-    the rest is imported now, as it would be there. So its report paths mean what they mean
-    to the grader: `-` and `/dev/stdout` its standard output, a relative one in its folder."""
-    code = 1
-    try:
-        for fd, target in zip(fds, (0, 1, 2), strict=True):
-            os.dup2(fd, target)
-            os.close(fd)
-        connection.send(json.dumps({"pid": os.getpid()}).encode())
-        threading.Thread(target=_end_with, args=(connection,), daemon=True).start()
-        os.chdir(asked["cwd"])  # relative paths are the grader's
-        if "umask" in asked:  # the files it makes get the grader's modes
-            os.umask(int(asked["umask"]))
-        os.environ.clear()
-        os.environ.update(asked["env"])
-        tempfile.tempdir = None
-        sys.argv = list(asked["command"])
-        sys.path[0] = asked["cwd"]
-        for number, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
-            stream = open(number, "r" if number == 0 else "w", closefd=False)  # noqa: SIM115
-            if number and os.isatty(number):
-                stream.reconfigure(line_buffering=True)
-            setattr(sys, f"__{name}__", stream)
-            setattr(sys, name, ReaderGone(stream) if number == 1 else stream)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        from grader.front.cli import main as cli
-
-        try:
-            code = cli(sys.argv[1:])
-        except SystemExit as error:
-            code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
-        except KeyboardInterrupt:
-            code = 130
-        stop()
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        with contextlib.suppress(OSError):
-            connection.send(json.dumps({"code": code}).encode())
-        os._exit(code)
-
-
 def _gpu_device_here() -> bool:
     """Return True if this machine has NVIDIA or AMD GPU devices (looked up without torch)."""
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
-def _end_with(connection: socket.socket) -> None:
-    """Wait for the grader that asked for this command to go (nothing else ever comes on its
-    connection), then end this process: killed, the grader would have ended it too."""
-    with contextlib.suppress(OSError):
-        connection.recv(1)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def run_warm(argv: list[str]) -> int | None:
-    """Run `python -m grader ARGV...` in a session of this user's warm server and return its
-    exit code; None where the command is to run in this process: where there is to be no
-    warm server, where a GPU may be visible, and where none answers yet. Then it is started
-    here, and while it imports, this process imports what the command needs on another core
-    and runs it, asking the server for its children once it is ready. The command's output
-    goes where this process's would, and Ctrl-C reaches it."""
+def run_warm(asked: dict) -> int | None:
+    """Run the command `asked` (its "command", "cwd", "env" and "umask": see
+    grader.front.warm_commands.run_warm) in a session of this user's warm server and return
+    its exit code; None where the command is to run in this process: where a GPU may be
+    visible, and where no server answers yet. Then it is started here, and while it imports,
+    this process imports what the command needs on another core and runs it, asking the
+    server for its children once it is ready. The command's output goes where this
+    process's would, and Ctrl-C reaches it."""
     if settings.START.get() != "fork" and _gpu_device_here():
         return None
     found = connect_warm(session=False, wait=False)
     if found is None:
         return None
     connection = found[0]
-    command = json.dumps(
-        {"command": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask()}
-    )
+    command = json.dumps(asked)
     try:
         socket.send_fds(connection, [command.encode()], [0, 1, 2])
     except OSError:
@@ -239,11 +183,11 @@ def run_warm(argv: list[str]) -> int | None:
         return 1
 
 
-def main() -> None:
-    """`python -m grader.front.warm_server --warm SOCKET FENCE IDLE` (see
-    grader.sandbox.fast.warm_client.start_warm)."""
+def start_serving(argv: list[str], run_command: RunCommand) -> None:
+    """Serve as the warm server `python -m grader.front.warm_commands --warm SOCKET FENCE IDLE`
+    (`argv`; see warm_client.start_warm), running commands with `run_command`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader stops the children on Ctrl-C
-    path, asked_fence, idle = sys.argv[2], sys.argv[3], sys.argv[4]
+    path, asked_fence, idle = argv[2], argv[3], argv[4]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     own = f"{path}.{os.getpid()}"  # bound, then put in place whole
     listener.bind(own)
@@ -274,9 +218,5 @@ def main() -> None:
             raise chosen[0]
         return chosen[0]
 
-    serve_warm(listener, path, fence, float(idle), environment)
+    serve_warm(listener, path, fence, float(idle), environment, run_command)
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

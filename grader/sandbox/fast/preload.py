@@ -1,6 +1,6 @@
-"""What the fork server imports and prepares once, so that each child it forks starts warm:
-the imports, pyplot, garbage collection held off, and huge pages for what was imported;
-and the environment it runs in."""
+"""What the fast path's fork server imports and prepares once, so that each child it forks
+starts warm: the imports, pyplot, garbage collection held off, and huge pages for what was
+imported; and the environment it runs in."""
 
 import contextlib
 import gc
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from grader.sandbox.fence import with_import_path
+from grader.sandbox.fence import WAIT_POLICY, with_import_path
 
 
 @contextlib.contextmanager
@@ -72,19 +72,19 @@ def the_rest() -> list[Callable[[], None]]:
     """Return the steps that import what only some children need, last first: once the
     server is ready, it takes them one at a time while it has nothing to do (a grader that
     comes meanwhile waits for one step, not for all), or all before it forks a child that
-    asks for everything (see `serve`)."""
+    asks for everything (see `serve`). They are a child's own imports before it forks ranks
+    (grader.sandbox.child.LATER_IMPORTS), done here with the collector held off."""
 
-    def dynamo() -> None:
-        with uncollected():
-            import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it: 0.45 s)
+    def uncollected_step(step: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            with uncollected():
+                step()
 
-    def plotting() -> None:
-        with uncollected():  # (0.2 s: a notebook that imports pyplot imports it whole)
-            import matplotlib
+        return run
 
-            matplotlib.use("Agg")
+    from grader.sandbox.child import LATER_IMPORTS  # (imported by the server already)
 
-    return [dynamo, plotting]
+    return [uncollected_step(step) for step in LATER_IMPORTS]
 
 
 def pyplot() -> None:
@@ -149,13 +149,6 @@ def huge_pages(seconds: float = 0.02) -> Callable[[], bool]:
         return not left
 
     return step
-
-
-# PyTorch's OpenMP threads spin while they wait for each other. On a machine whose cores are
-# busy with other work, that spinning made one grade take 74 s instead of 9 s (2 cores, one
-# of them kept busy). Children use one thread (grader.grading.default_threads); this keeps
-# code that asks for more from spinning.
-WAIT_POLICY = "PASSIVE"
 
 
 def server_environment(folder: Path) -> dict[str, str]:
