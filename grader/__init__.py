@@ -8,7 +8,7 @@ Instructors:    python -m grader grade SUBMISSION... --json results.json
 
 
 def check(exercise_id, function, hidden=False):
-    """Run an exercise's checks on `function` in this kernel; see grader.front.kernel.check."""
-    from grader.front.kernel import check as run
+    """Run an exercise's checks on `function` in this kernel (grader.front.kernel)."""
+    from grader.front.kernel import check_in_kernel as run
 
     return run(exercise_id, function, hidden)

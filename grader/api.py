@@ -31,7 +31,7 @@ How to add a check
         student.fn(data)
         return data
 
-    @check(book_demo, points=2, hint="Add every other tensor into data[0], then copy it back.")
+    @check_on(book_demo, points=2, hint="Add every other tensor into data[0], then copy it back.")
     def both_devices_hold_threes(seen, ctx):
         for t in seen:
             expect_equal(t, torch.tensor([[3.0, 3.0]]), "each tensor after allreduce")
@@ -68,15 +68,15 @@ docstring and hint, and the hints and messages given to `Fail`, are looked up by
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from grader.base.cases import Case, Check, Context, ErrorHints, Student, case, check, error_hints
+from grader.base.cases import Case, Check, Context, ErrorHints, Student, case, check_on, error_hints
 from grader.base.expect import (
-    as_tensor,
     close,
     expect,
     expect_close,
     expect_equal,
     expect_kept_dtype,
     short,
+    tensor_in,
 )
 from grader.base.forward_pass import LAYER_KINDS, recorded_forward
 from grader.base.inputs import (
@@ -163,7 +163,7 @@ __all__ = [
     "ErrorHints",
     "Student",
     "case",
-    "check",
+    "check_on",
     "error_hints",
     # what a case saw, and failing
     "Crash",
@@ -183,7 +183,7 @@ __all__ = [
     "raised_in",
     "returned",
     # comparisons
-    "as_tensor",
+    "tensor_in",
     "close",
     "expect",
     "expect_close",

@@ -31,8 +31,8 @@ from dplab.rank_watch import ANSWER_SECONDS, QUIET_SECONDS, Group, quiet, where_
 from grader.exercises.train_ddp.checks import plain_state, replay_on, training_steps
 from grader.load.notebook import load_notebook, read_cells
 from grader.manifest import REPO
+from grader.ranks.launching import GroupStopped, launch_each
 from grader.ranks.rankpool import RankPool
-from grader.ranks.side_by_side import GroupStopped, launch_each
 from tests.conftest import SOLUTIONS, python, write_notebook
 
 # ---- the launcher --------------------------------------------------------------------------

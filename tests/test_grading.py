@@ -103,7 +103,7 @@ def test_narrowing_to_one_check_keeps_the_checks_it_comes_after():
 def judged_with(owner_fails: bool, owner_after: tuple[str, ...] = ()) -> dict:
     """Judge three checks of one case: `first` fails; `owner` fails when asked (and waits on
     `owner_after`); `second` fails naming `owner` as the check that charges its cause."""
-    from grader.api import Context, case, check, expect
+    from grader.api import Context, case, check_on, expect
     from grader.judge.verdicts import judge_exercise
 
     @case
@@ -114,9 +114,9 @@ def judged_with(owner_fails: bool, owner_after: tuple[str, ...] = ()) -> dict:
         return lambda seen, ctx: expect(not fails, "it failed", "a hint", see=see)
 
     checks = [
-        check(nothing, points=1, hint="a hint")(judge(True)),
-        check(nothing, points=2, hint="a hint", after=owner_after)(judge(owner_fails)),
-        check(nothing, points=3, hint="a hint")(judge(True, see="owner")),
+        check_on(nothing, points=1, hint="a hint")(judge(True)),
+        check_on(nothing, points=2, hint="a hint", after=owner_after)(judge(owner_fails)),
+        check_on(nothing, points=3, hint="a hint")(judge(True, see="owner")),
     ]
     for c, name in zip(checks, ("first", "owner", "second"), strict=True):
         object.__setattr__(c, "name", name)
@@ -142,7 +142,7 @@ def test_it_fails_where_the_check_it_names_passed_or_was_not_judged():
 
 
 def test_a_check_that_cannot_see_its_property_is_not_judged_and_charges_nothing():
-    from grader.api import Context, case, check, observe
+    from grader.api import Context, case, check_on, observe
     from grader.judge.verdicts import judge_verdicts
 
     @case
@@ -154,7 +154,7 @@ def test_a_check_that_cannot_see_its_property_is_not_judged_and_charges_nothing(
 
     (verdict,) = judge_verdicts(
         "fn",
-        [check(nothing, points=2, hint="a hint")(blind)],
+        [check_on(nothing, points=2, hint="a hint")(blind)],
         {"nothing": CaseOutcome("nothing")},
         Context(0),
         str,
@@ -167,7 +167,7 @@ def test_a_check_that_cannot_see_its_property_is_not_judged_and_charges_nothing(
 def test_a_failure_whose_owner_in_turn_names_another_keeps_its_points():
     """`second` names `owner`, which names `first`, which charges: both keep their points,
     and say that `first` charges."""
-    from grader.api import Context, case, check, expect
+    from grader.api import Context, case, check_on, expect
     from grader.judge.verdicts import judge_exercise
 
     @case
@@ -178,9 +178,9 @@ def test_a_failure_whose_owner_in_turn_names_another_keeps_its_points():
         return lambda seen, ctx: expect(False, "it failed", "a hint", see=see)
 
     checks = [
-        check(nothing, points=1, hint="a hint")(judge()),
-        check(nothing, points=2, hint="a hint")(judge(see="first")),
-        check(nothing, points=3, hint="a hint")(judge(see="owner")),
+        check_on(nothing, points=1, hint="a hint")(judge()),
+        check_on(nothing, points=2, hint="a hint")(judge(see="first")),
+        check_on(nothing, points=3, hint="a hint")(judge(see="owner")),
     ]
     for c, name in zip(checks, ("first", "owner", "second"), strict=True):
         object.__setattr__(c, "name", name)

@@ -130,7 +130,7 @@ def test_grade_writes_each_feedback_file_in_its_students_language(tmp_path):
 def test_a_check_cell_speaks_its_notebooks_language(monkeypatch, capsys):
     """In a kernel, Jupyter names the notebook (JPY_SESSION_NAME); a Chinese one's check cell
     reports in Chinese, and says its points in Chinese under the report."""
-    from grader.front.kernel import check as check_cell
+    from grader.front.kernel import check_in_kernel as check_cell
     from tests.conftest import fresh_solution
 
     for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG"):
@@ -151,7 +151,7 @@ def test_a_group_that_never_formed_is_known_in_either_language():
     """The grader runs again a group whose ranks could not connect (not the student's fault),
     whatever language the launch's message is in: it reads the exception's name, not the text."""
     from dplab.launched import GroupNotFormed, RankFailed
-    from grader.ranks.side_by_side import not_formed
+    from grader.ranks.launching import not_formed
 
     for language in ("en", "zh_CN"):
         with labtext.speaking(language):
@@ -181,7 +181,7 @@ def test_one_deadlock_is_shown_once_in_either_language():
 def test_a_check_cell_run_by_nbgrader_speaks_its_notebooks_language(tmp_path, monkeypatch, capsys):
     """nbgrader's autograding runs a notebook in its own folder and names it nowhere: the
     check cell finds the exercise's notebook there, and speaks its language."""
-    from grader.front.kernel import check as check_cell
+    from grader.front.kernel import check_in_kernel as check_cell
     from tests.conftest import fresh_solution
 
     for name in ("LAB_LANG", "LC_ALL", "LC_MESSAGES", "LANG", "JPY_SESSION_NAME"):

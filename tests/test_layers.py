@@ -290,6 +290,39 @@ def test_no_two_modules_share_a_name_for_different_jobs():
     assert not shared, shared
 
 
+# Public functions and classes that more than one module has, each for the same job.
+SHARED_FUNCTIONS = {
+    "main": "each command's entry point (`python -m ...`)",
+    # dplab.sim stands in for torch's own functions on stand-in devices, under torch's names
+    # (torch.cuda.comm.gather and nn.parallel.gather, torch.cuda.synchronize, ...), and
+    # dplab.devices gives d2l's.
+    "gather": "torch's name: dplab.sim.comm and dplab.sim.parallel stand in for both",
+    "scatter": "d2l's (dplab.devices) and torch.cuda.comm's (dplab.sim.comm)",
+    "synchronize": "d2l's (dplab.devices) and torch.cuda's (dplab.sim.device)",
+}
+
+
+def test_no_two_public_functions_share_a_name_for_different_jobs():
+    """`check` named the kernel's check(), the checks' decorator and more; `serve`, `run`,
+    `problems`, `verdicts` and `measure` two or three things each. Top-level public functions
+    and classes of the lab's packages (not the exercises' folders, which share their layout by
+    design) have a name of their own, or one of SHARED_FUNCTIONS."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        if name.startswith("grader.exercises."):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+            if isinstance(node, kinds) and not node.name.startswith("_"):
+                by_name.setdefault(node.name, []).append(name)
+    shared = {
+        n: found for n, found in by_name.items() if len(found) > 1 and n not in SHARED_FUNCTIONS
+    }
+    assert not shared, shared
+    # (the exported `check` is the notebook's alone: checks are declared with `check_on`)
+    assert by_name["check"] == ["grader"]
+
+
 # Functions that are tables, read as one: argparse's.
 LONG_TABLES = {"grader/front/cli.py:parser"}
 
@@ -347,7 +380,7 @@ def test_the_api_lists_every_name_a_checks_module_uses():
         if isinstance(node, ast.ImportFrom) and node.module == "grader.api"
         for alias in node.names
     }
-    assert "every_rank" in used and "check" in used
+    assert "every_rank" in used and "check_on" in used
     assert not used - set(grader.api.__all__), sorted(used - set(grader.api.__all__))
     assert all(hasattr(grader.api, name) for name in grader.api.__all__)
 
@@ -378,7 +411,7 @@ NOT_IN_A_KERNEL = (
     "grader.ranks.pools",
     "grader.ranks.rankpool",
     "grader.ranks.recording",
-    "grader.ranks.side_by_side",
+    "grader.ranks.launching",
     "grader.sandbox.fast.forkserver",
     "grader.sandbox.fast.preload",
     "grader.sandbox.fence",

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from grader.exercises.catalogue import mistakes_of
-from grader.front.kernel import check
+from grader.front.kernel import check_in_kernel as check
 from grader.manifest import load_manifest
 from tests.conftest import fresh_solution
 

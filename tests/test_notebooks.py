@@ -9,7 +9,7 @@ import pytest
 
 from grader.judge.registry import exercise_checks, exercise_points
 from grader.manifest import REPO, load_manifest
-from grader.tools.authoring import cells_by_grade_id, hidden_parts, problems
+from grader.tools.authoring import cells_by_grade_id, hidden_parts, manifest_problems
 from tests.conftest import EXERCISES, SOLUTIONS
 
 MANIFEST = load_manifest()
@@ -72,7 +72,7 @@ def test_notebooks_are_committed_without_outputs(folder):
 
 
 def test_reference_notebooks_agree_with_the_manifest():
-    assert problems() == []
+    assert manifest_problems() == []
 
 
 def test_each_exercise_has_its_cells_in_its_notebook():

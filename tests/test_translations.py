@@ -35,7 +35,7 @@ def glossary() -> list[dict]:
 
 @pytest.mark.parametrize("notebook", MANIFEST.notebooks)
 def test_every_markdown_cell_has_a_current_translation(notebook):
-    assert translate.problems(LANGUAGE, notebook) == []
+    assert translate.translation_problems(LANGUAGE, notebook) == []
 
 
 def test_a_changed_english_cell_makes_its_translation_stale(tmp_path, monkeypatch):
@@ -48,7 +48,7 @@ def test_a_changed_english_cell_makes_its_translation_stale(tmp_path, monkeypatc
     first["source"] = ["# A new title\n"]
     path.write_text(json.dumps(nb))
     monkeypatch.setattr(translate, "solutions_dir", lambda: tmp_path / "src")
-    (found,) = translate.problems(LANGUAGE, "concise.ipynb")
+    (found,) = translate.translation_problems(LANGUAGE, "concise.ipynb")
     assert f"[{first['id']}] translates an older text of that cell" in found
     with pytest.raises(ValueError, match="older text"):
         translate.translated(LANGUAGE, "concise.ipynb")
@@ -128,7 +128,7 @@ def test_english_filler_with_a_current_digest_is_not_a_translation(monkeypatch):
     filler = {"english": translate.digest(english), "text": english}
     entries = {**translate.entries(LANGUAGE, "concise.ipynb"), cell["id"]: filler}
     monkeypatch.setattr(translate, "entries", lambda language, notebook: entries)
-    assert translate.problems(LANGUAGE, "concise.ipynb") == []
+    assert translate.translation_problems(LANGUAGE, "concise.ipynb") == []
     assert markdown_problems(LANGUAGE, "concise.ipynb") == [
         f"concise.ipynb [{cell['id']}]: 0% of its letters are Chinese"
     ]
@@ -141,7 +141,7 @@ def test_a_translation_of_the_title_alone_is_not_whole(monkeypatch):
     title = entries[cell["id"]]["text"].strip().splitlines()[0]
     entries[cell["id"]] = {**entries[cell["id"]], "text": title}
     monkeypatch.setattr(translate, "entries", lambda language, notebook: entries)
-    assert translate.problems(LANGUAGE, "concise.ipynb") == []
+    assert translate.translation_problems(LANGUAGE, "concise.ipynb") == []
     (found,) = markdown_problems(LANGUAGE, "concise.ipynb")
     assert found.startswith(f"concise.ipynb [{cell['id']}]: too short to translate")
 

@@ -155,7 +155,7 @@ def error_hints(fn: Callable[[Raised], str | None]) -> ErrorHints:
     return ErrorHints(fn)
 
 
-def check(
+def check_on(
     on: Case,
     points: float,
     hint: str,

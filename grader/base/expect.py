@@ -48,7 +48,7 @@ def short(value: Any, limit: int = 8) -> str:
     return repr(value)
 
 
-def as_tensor(value: Any, what: str) -> Tensor:
+def tensor_in(value: Any, what: str) -> Tensor:
     """Return the tensor inside `value`, or fail saying that `what` was not a tensor."""
     if isinstance(value, SeenTensor):
         return value.value
@@ -93,7 +93,7 @@ def expect_equal(
 
 
 def _expect_equal(value: Any, expected: Tensor, what: str, hint: str | None) -> None:
-    actual = as_tensor(value, what)
+    actual = tensor_in(value, what)
     _same_shape(actual, expected, what)
     if actual.dtype != expected.dtype:
         raise Fail(_came_back_as(what, actual.dtype, expected.dtype), hint)
@@ -119,7 +119,7 @@ def expect_close(
 def _expect_close(
     value: Any, expected: Tensor, what: str, hint: str | None, rtol: float, atol: float
 ) -> None:
-    actual = as_tensor(value, what)
+    actual = tensor_in(value, what)
     _same_shape(actual, expected, what)
     actual = actual.to(torch.float64)
     target = expected.to(torch.float64)

@@ -156,7 +156,7 @@ class Statement:
 
 
 @dataclass(frozen=True)
-class Loaded:
+class NotebookLoaded:
     """The child has loaded a notebook (`failed`: it could not), with what it noted."""
 
     kind: ClassVar[str] = "loaded"
@@ -221,7 +221,7 @@ Frame = (  # in the order a child sends them
     | Claim
     | Loading
     | Statement
-    | Loaded
+    | NotebookLoaded
     | Held
     | CaseStart
     | CaseDone

@@ -18,7 +18,7 @@ class TimeLimit(BaseException):
     """
 
 
-def processor_seconds() -> float:
+def own_processor_seconds() -> float:
     """Return the processor time this process has used, all its threads together."""
     return time.process_time()
 

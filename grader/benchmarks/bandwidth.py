@@ -44,7 +44,7 @@ def as_model(flat: torch.Tensor, pieces: int = PIECES) -> nn.Module:
     return model
 
 
-def measure(sizes: list[int], repeats: int) -> dict[str, list[float]]:
+def measure_bandwidth(sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """In every rank: return the bus bandwidth of each method at each size, in GB/s."""
     ref = reference("distributed.ipynb")
     models: dict[int, nn.Module] = {}
@@ -102,7 +102,7 @@ def human(nbytes: int) -> str:
     return f"{nbytes // 2**20} MiB" if nbytes >= 2**20 else f"{nbytes // 2**10} KiB"
 
 
-def print_table(title: str, sizes: list[int], table: dict[str, list[float]]) -> None:
+def print_bandwidth(title: str, sizes: list[int], table: dict[str, list[float]]) -> None:
     names = list(table)
     print(f"\n{title}: bus bandwidth in GB/s")
     print("| size | " + " | ".join(names) + " |")
@@ -155,13 +155,17 @@ def main(argv: list[str] | None = None) -> None:
             title = f"{n} processes, {backend}"
             try:
                 done = dplab.launch(
-                    measure, (args.sizes, args.repeats), nprocs=n, backend=backend, show=False
+                    measure_bandwidth,
+                    (args.sizes, args.repeats),
+                    nprocs=n,
+                    backend=backend,
+                    show=False,
                 )
             except dplab.distributed.LaunchError as error:
                 print(f"\n{title}: no figures, the launch failed: {str(error)[:600]}")
                 continue
             results[title] = done.result
-            print_table(title, args.sizes, done.result)
+            print_bandwidth(title, args.sizes, done.result)
             if 16 * 2**20 in args.sizes:
                 i = args.sizes.index(16 * 2**20)
                 share = done.result["ring"][i] / done.result["all_reduce"][i]

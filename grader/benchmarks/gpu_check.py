@@ -37,7 +37,7 @@ STEPS = ("env", "tests", "class", "book", "ddp")
 LIMITS = {"env": 60, "tests": 560, "class": 400, "book": 300, "ddp": 260}
 
 
-def run(command: list[str], limit: float, env: dict | None = None) -> tuple[int, str, float]:
+def run_timed(command: list[str], limit: float, env: dict | None = None) -> tuple[int, str, float]:
     """Run `command` in the repository, in a process group of its own; return its exit code,
     its output and its seconds. One that runs past `limit` seconds ends with its whole group,
     and its output ends with what every process was doing then (`ps`), so that a late step
@@ -116,7 +116,7 @@ def step_env() -> dict:
 
 def step_tests(out: Path) -> dict:
     xml = out.with_suffix(".junit.xml")
-    code, log, seconds = run(
+    code, log, seconds = run_timed(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu or multigpu"]
         + ["-rA", "-q", f"--junitxml={xml}", "tests/test_gpus.py", "tests/test_outside_code.py"]
         + ["tests/test_device_corpus.py"],
@@ -127,13 +127,13 @@ def step_tests(out: Path) -> dict:
     return {"exit": code, "seconds": round(seconds, 1), "summary": said[-40:], "late": late}
 
 
-def grade_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> dict:
+def grade_gpu_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> dict:
     """Grade the class under `folder` with the grader's command line, its JSON report kept as
     keep/gpu-check-class-LABEL.json (with whatever was graded before a time limit); return
     what came of it."""
     report = keep / f"gpu-check-class-{label}.json"
     report.unlink(missing_ok=True)
-    code, log, seconds = run(
+    code, log, seconds = run_timed(
         [sys.executable, "-m", "grader", "grade", str(folder / "submitted")]
         + ["--jobs", str(jobs), "--json", str(report)],
         max(5, LIMITS["class"] / 2 - 10),
@@ -151,7 +151,7 @@ def grade_class(folder: Path, keep: Path, label: str, jobs: int, env: dict) -> d
     }
 
 
-def verdicts(sub: dict) -> dict[str, bool]:
+def verdicts_of(sub: dict) -> dict[str, bool]:
     return {f"{e['name']}.{c['name']}": c["passed"] for e in sub["exercises"] for c in e["checks"]}
 
 
@@ -161,11 +161,11 @@ def step_class(students: int, jobs: int, keep: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         make_class(folder / "submitted", students)
-        gpu = grade_class(folder, keep, "gpu", jobs, {})
-        cpu = grade_class(folder, keep, "cpu", jobs, {"CUDA_VISIBLE_DEVICES": ""})
+        gpu = grade_gpu_class(folder, keep, "gpu", jobs, {})
+        cpu = grade_gpu_class(folder, keep, "cpu", jobs, {"CUDA_VISIBLE_DEVICES": ""})
     differ = {}
     for sid in gpu["by_id"].keys() & cpu["by_id"].keys():
-        a, b = verdicts(gpu["by_id"][sid]), verdicts(cpu["by_id"][sid])
+        a, b = verdicts_of(gpu["by_id"][sid]), verdicts_of(cpu["by_id"][sid])
         changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         if changed:
             differ[sid] = changed
@@ -179,7 +179,7 @@ def step_class(students: int, jobs: int, keep: Path) -> dict:
         found[label] = {k: v for k, v in graded.items() if k != "by_id"}
         found[label]["slowest_submission_s"] = round(max(times), 1) if times else None
     found["compared"] = sorted(gpu["by_id"].keys() & cpu["by_id"].keys())
-    found["checks_compared"] = sum(len(verdicts(gpu["by_id"][i])) for i in found["compared"])
+    found["checks_compared"] = sum(len(verdicts_of(gpu["by_id"][i])) for i in found["compared"])
     found["verdicts_that_differ"] = differ
     found["references_full"] = all(s == full for s in by_kind[KINDS[0]])
     found["stubs_zero"] = all(s == 0 for s in by_kind[KINDS[1]])
@@ -251,7 +251,7 @@ def child_step(name: str, args: argparse.Namespace) -> dict:
         forwarded += ["--epochs", str(args.epochs), "--keep", str(args.json.parent.resolve())]
         forwarded += ["--subset", *map(str, args.subset)] if args.subset else []
         forwarded += [f"--limit={given}" for given in args.limit]
-        code, log, seconds = run(
+        code, log, seconds = run_timed(
             [
                 sys.executable,
                 "-m",

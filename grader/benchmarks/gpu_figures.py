@@ -26,7 +26,7 @@ BOOK_SECONDS = {"lenet": [2.6, 3.0], "resnet18": [12.2, 13.9]}
 PEAKS = {"H100": {"fp32": 67.0, "tf32": 494.7}, "H200": {"fp32": 67.0, "tf32": 494.7}}
 
 
-def device() -> torch.device:
+def figure_device() -> torch.device:
     return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -156,7 +156,7 @@ def stand_in_epoch(notebook: str, make_args, data) -> dict:
 def book_figures(epochs: int, subset: tuple[int, int] | None) -> dict:
     import dplab
 
-    dev = device()
+    dev = figure_device()
     train_iter, test_iter = dplab.load_data_fashion_mnist(256, subset=subset)
     data = (train_iter, test_iter)
     n_train = len(train_iter.labels)

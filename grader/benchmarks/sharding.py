@@ -68,7 +68,7 @@ def one_step_with(make_model: Callable[[], nn.Module]) -> Callable:
     return types.FunctionType(step.__code__, {**ref, "mlp": make_model}, step.__name__)
 
 
-def measure(model: str) -> dict[str, tuple[int, int]]:
+def measure_sharding(model: str) -> dict[str, tuple[int, int]]:
     """In every rank: return (bytes sent in one step, bytes held after it) per strategy. The
     notebook's counter wraps dist.send and dist.isend for good; they are put back after
     each strategy, so that each counts its own step alone."""
@@ -125,7 +125,7 @@ def said(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
-def print_table(model: str, layers: list[int], results: dict[int, dict]) -> None:
+def print_sharding(model: str, layers: list[int], results: dict[int, dict]) -> None:
     """Print one model's figures beside the formulas (a Markdown table), then what they show."""
     print(f"\n{model}: P = {sum(layers):,} parameter values in {len(layers)} layers with any,")
     print("Adam; bytes of rank 0, sent in one step and held after it")
@@ -165,10 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     makers = models()  # loaded once here; the ranks inherit them
     for model in args.models:
         results = {
-            n: dplab.launch(measure, (model,), nprocs=n, backend="gloo", show=False).result
+            n: dplab.launch(measure_sharding, (model,), nprocs=n, backend="gloo", show=False).result
             for n in args.procs
         }
-        print_table(model, layer_sizes(makers[model]()), results)
+        print_sharding(model, layer_sizes(makers[model]()), results)
     print(f"\nsharding measured in {time.monotonic() - started:.1f} s")
 
 

@@ -390,18 +390,18 @@ def run_mistakes(args: argparse.Namespace) -> int:
 
 def run_sync(args: argparse.Namespace) -> int:
     """`sync`: write the points into the notebooks; 1 where the notebooks have problems."""
-    from grader.tools.authoring import problems, sync_points
+    from grader.tools.authoring import manifest_problems, sync_points
 
-    for line in sync_points() + problems():
+    for line in sync_points() + manifest_problems():
         print(line)
-    return 1 if problems() else 0
+    return 1 if manifest_problems() else 0
 
 
 def run_translate(args: argparse.Namespace) -> int:
     """`translate`: write the notebooks in another language, unless a translation is amiss."""
-    from grader.tools.translate import problems, write_edition
+    from grader.tools.translate import translation_problems, write_edition
 
-    found = [p for nb in load_manifest().notebooks for p in problems(args.language, nb)]
+    found = [p for nb in load_manifest().notebooks for p in translation_problems(args.language, nb)]
     for problem in found:
         print(_("error: {error}").format(error=problem), file=sys.stderr)
     if found:

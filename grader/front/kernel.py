@@ -133,19 +133,21 @@ class Points(float):
             )
 
 
-def check(exercise_id: str, function: Callable | None = None, hidden: bool = False) -> float:
+def check_in_kernel(
+    exercise_id: str, function: Callable | None = None, hidden: bool = False
+) -> float:
     """Run the checks of `exercise_id`, print the verdicts and return the points earned.
 
     `function` is the function to check; in a notebook it may be left out, and the
     exercise's function is taken from the notebook. With hidden=True (the instructor's copy)
     the hidden checks are added to the public ones just run on the same function.
     """
-    with labtext.speaking(kernel_language(exercise_id)):
+    with labtext.speaking(language_for_check(exercise_id)):
         language = labtext.current()
         return _check(exercise_id, function, hidden, language)
 
 
-def kernel_language(exercise_id: str) -> str:
+def language_for_check(exercise_id: str) -> str:
     """Return the language of this kernel's notebook: the one Jupyter names; else, where
     nothing names it (nbgrader's autograding runs the notebook in its own folder), the
     exercise's notebook in the working folder; else LAB_LANG's or the locale's."""

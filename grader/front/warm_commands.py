@@ -79,7 +79,7 @@ def _end_with(connection: socket.socket) -> None:
 def run_warm(argv: list[str]) -> int | None:
     """Run `python -m grader ARGV...` in a session of this user's warm server, as this process
     would have (its folder, environment and umask); return its exit code, or None where it is
-    to run here (see grader.sandbox.fast.warm_server.run_warm)."""
+    to run here (see grader.sandbox.fast.warm_server.run_in_warm_server)."""
     asked = {"command": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask()}
     return pace.chosen().run_warm(asked)
 

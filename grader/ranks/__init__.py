@@ -4,7 +4,7 @@ dplab's launcher and the grader's base.
 
 A case calls `in_every_size(factory, student)` (groups.py): for each group size,
 `factory(student)()` runs in each process of a new group of processes forked from the grading
-child (dplab.rank, on gloo); the groups run side by side (side_by_side.py). What each returns
+child (dplab.rank, on gloo); the groups run side by side (launching.py). What each returns
 comes back as plain data. A group that deadlocks, crashes or runs past its limits does not end
 the case: its record says what happened, which the checks turn into a failure that names the
 rank (judging.py: `every_rank`, `expect_ranks_finished`). recording.py notes the

@@ -9,10 +9,10 @@ from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
 from dplab.rank_watch import LIBRARY_PARTS
 from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
 from grader.ranks.judging import MISMATCH
+from grader.ranks.launching import GroupStopped, launch_each
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up
 from grader.ranks.plugins import backend_plugins_known
 from grader.ranks.pools import in_open_pool
-from grader.ranks.side_by_side import GroupStopped, launch_each
 from labtext import _
 
 WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes

@@ -18,7 +18,7 @@ from dplab.launched import Launched, LaunchError
 from dplab.processes import processor_seconds
 from dplab.rank import fork_rank, leave_error, one_run
 from dplab.rank_watch import Group
-from grader.ranks.side_by_side import not_formed, side_by_side
+from grader.ranks.launching import not_formed, run_groups
 from labtext import _
 
 # ---- ranks that stay -----------------------------------------------------------------------
@@ -211,12 +211,12 @@ class RankPool:
 
         try:
             limits = (timeout, idle_timeout, cpu_limit, begin, stop_after_failure)
-            done = side_by_side(calls, backend, *limits)
+            done = run_groups(calls, backend, *limits)
             # A group that could not form has run nothing: once more, on ranks forked anew
             # (those whose run failed serve no more).
             again = [i for i, d in enumerate(done) if not_formed(d)]
             if again:
-                redone = side_by_side([calls[i] for i in again], backend, *limits)
+                redone = run_groups([calls[i] for i in again], backend, *limits)
                 for i, outcome in zip(again, redone, strict=True):
                     done[i] = outcome
                     self.formed_again.append(calls[i][1])

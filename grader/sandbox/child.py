@@ -38,9 +38,9 @@ from grader.base.protocol import (
     ExerciseDone,
     ExerciseStart,
     Held,
-    Loaded,
     Loading,
     Note,
+    NotebookLoaded,
     Statement,
     request_from_plain,
 )
@@ -126,9 +126,9 @@ def load(
             before_statement=lambda cell, line: channel.send(Statement(notebook, cell, line)),
         )
     except NotebookError as error:
-        channel.send(Loaded(notebook, [Note("unloadable", str(error))], failed=True))
+        channel.send(NotebookLoaded(notebook, [Note("unloadable", str(error))], failed=True))
         return error
-    channel.send(Loaded(notebook, result.notes, seconds=time.perf_counter() - started))
+    channel.send(NotebookLoaded(notebook, result.notes, seconds=time.perf_counter() - started))
     return result.namespace
 
 
@@ -143,13 +143,13 @@ def main(request_path: str, report_fd: int | None = None, reply_fd: int | None =
     if language != "en":
         labtext.catalogue(language)  # read now: the audit hook fences files later
     with labtext.speaking(language):
-        serve(request, report_fd, reply_fd)
+        run_request(request, report_fd, reply_fd)
 
 
 Planned = tuple[str, Case, dict]  # a case to run: its name, its function, its arguments
 
 
-def serve(request: ChildRequest, report_fd: int | None, reply_fd: int | None) -> None:
+def run_request(request: ChildRequest, report_fd: int | None, reply_fd: int | None) -> None:
     """Run a request read by `main`."""
     torch.set_num_threads(max(1, request.threads))
     nonce = request.nonce
@@ -181,7 +181,7 @@ def serve(request: ChildRequest, report_fd: int | None, reply_fd: int | None) ->
 
 
 class Exercises:
-    """Runs a request's exercises one after another (see `serve`): the notebooks loaded so far
+    """Runs a request's exercises one after another (see `run_request`): the notebooks loaded so far
     (with their ranks in `pools`), and what the exercises share."""
 
     def __init__(

@@ -15,7 +15,7 @@ from dplab.sim.gpus import answering_as_gpus
 from grader.api import Case, Check, Context, Raised, Student
 from grader.base.printed import captured
 from grader.base.protocol import CaseOutcome
-from grader.base.time_limit import TimeLimit, processor_seconds, time_limit
+from grader.base.time_limit import TimeLimit, own_processor_seconds, time_limit
 from grader.base.values import pack
 from grader.manifest import load_manifest
 
@@ -66,7 +66,7 @@ def run_case(
     the reference solution, whose functions stand in for the names the case holds.
     """
     printed = io.StringIO()
-    started, cpu_started = time.perf_counter(), processor_seconds()
+    started, cpu_started = time.perf_counter(), own_processor_seconds()
     value, error = None, None
     case_ctx = ctx.for_case(case.name)
     try:
@@ -89,7 +89,7 @@ def run_case(
         error=error,
         printed=printed.getvalue()[-MAX_PRINTED:],
         seconds=time.perf_counter() - started,
-        cpu_seconds=processor_seconds() - cpu_started,
+        cpu_seconds=own_processor_seconds() - cpu_started,
     )
 
 

@@ -254,7 +254,7 @@ def run_isolated(
     def run(item: tuple[str, Loop]) -> None:
         notebook, loop = item
         job = NotebookJob(sub, cases, seed, limits, threads, collected, speedups)
-        run_notebook(job, loop)
+        run_loop(job, loop)
 
     items = [(nb, loops.first(nb, collected)) for nb in notebooks]
     most = 2 * len(notebooks)
@@ -277,7 +277,7 @@ class NotebookJob:
     speedups: Speedups
 
 
-def run_notebook(job: NotebookJob, loop: Loop) -> None:
+def run_loop(job: NotebookJob, loop: Loop) -> None:
     """Run the cases left to `loop` in fenced children, restarting after a child stops early.
     One child at a time per loop: each notebook's exercises start from a process that has run
     no other notebook's code (whose autograd threads, for one, would stop the distributed

@@ -20,8 +20,8 @@ from grader.base.protocol import (
     Go,
     Held,
     HeldCells,
-    Loaded,
     Loading,
+    NotebookLoaded,
     Statement,
 )
 from grader.load.reference import available, held_sources
@@ -211,7 +211,7 @@ def follow(
         case Statement(_notebook, cell, line):
             watch.statement = (cell, line)
             watch.case_cpu, watch.computed_at = watch.cpu, now
-        case Loaded(notebook, notes, _failed, seconds):
+        case NotebookLoaded(notebook, notes, _failed, seconds):
             collected.phases.add("notebook load", phase_seconds(seconds, now, watch))
             watch.loading, watch.statement = "", None
             collected.notes.setdefault(notebook, list(notes))

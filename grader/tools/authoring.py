@@ -14,7 +14,7 @@ from grader.manifest import load_manifest, solutions_dir
 from labtext import _
 
 
-def problems(folder: Path | None = None) -> list[str]:
+def manifest_problems(folder: Path | None = None) -> list[str]:
     """Return every way the reference notebooks disagree with the manifest."""
     folder = folder or solutions_dir()
     found = []

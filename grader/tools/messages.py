@@ -107,7 +107,7 @@ def fields(text: str) -> list[str]:
     return sorted(FIELD.findall(text.replace("{{", "").replace("}}", "")))
 
 
-def problems(language: str) -> list[str]:
+def catalogue_problems(language: str) -> list[str]:
     """Return what `language`'s catalogue lacks or gets wrong, one line each."""
     wanted = every_message()
     have = read_sources(language)

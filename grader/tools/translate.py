@@ -49,7 +49,7 @@ def _text(cell: dict) -> str:
     return "".join(cell["source"])
 
 
-def problems(language: str, notebook: str) -> list[str]:
+def translation_problems(language: str, notebook: str) -> list[str]:
     """Say what keeps `notebook` from being translated whole and up to date."""
     found = []
     where = translation_file(language, notebook).relative_to(REPO)
@@ -98,7 +98,7 @@ def problems(language: str, notebook: str) -> list[str]:
 
 def translated(language: str, notebook: str) -> dict:
     """Return the source notebook in `language` (raise ValueError if `problems` finds any)."""
-    wrong = problems(language, notebook)
+    wrong = translation_problems(language, notebook)
     if wrong:
         raise ValueError("\n".join(wrong))
     nb = json.loads((solutions_dir() / notebook).read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ the way. The machinery is reduce_scatter's (grader.exercises.reduce_scatter.chec
 
 import torch
 
-from grader.api import N_, _, case, check, error_hints
+from grader.api import N_, _, case, check_on, error_hints
 from grader.exercises.reduce_scatter.checks import (
     P2P_HINT,
     SIZE_HINT,
@@ -76,7 +76,7 @@ def gather_hint(n, rank, i, record, ranks):
 MAIN = "every_rank_gets_the_whole_tensor"  # the other value checks defer to it where it fails too
 
 
-@check(book_demo, points=2, hint="Both ranks must get [1., 1.] back. " + GATHER_HINT)
+@check_on(book_demo, points=2, hint="Both ranks must get [1., 1.] back. " + GATHER_HINT)
 def book_demo_gives_both_ranks_the_whole(seen, ctx):
     """[1.] on rank 0 and [1.] on rank 1: both get [1., 1.].
     Property: the book's demo; against the reference (its known result), a failure that random
@@ -84,7 +84,7 @@ def book_demo_gives_both_ranks_the_whole(seen, ctx):
     expect_halves(seen, N_("the book's demo"), gather_hint, see=MAIN)
 
 
-@check(random_tensors, points=3, hint=GATHER_HINT)
+@check_on(random_tensors, points=3, hint=GATHER_HINT)
 def every_rank_gets_the_whole_tensor(seen, ctx):
     """In groups of 2, 3 and 4, every rank gets the whole flat tensor, its chunks in rank
     order.
@@ -93,7 +93,7 @@ def every_rank_gets_the_whole_tensor(seen, ctx):
     expect_halves(seen, N_("random float32"), gather_hint)
 
 
-@check(
+@check_on(
     lengths_that_do_not_divide,
     points=2,
     hint="The chunks are those of torch.empty(numel).tensor_split(world_size): the first ones "
@@ -108,7 +108,7 @@ def works_for_any_length(seen, ctx):
     expect_halves(seen, N_("a length that the world size does not divide"), gather_hint, see=MAIN)
 
 
-@check(
+@check_on(
     integers_and_float64,
     points=1,
     hint="Make the result with the shard's dtype (torch.empty(numel, dtype=shard.dtype)): "
@@ -124,7 +124,7 @@ def keeps_dtypes_and_integers_exact(seen, ctx):
     expect_exact_dtypes(seen, N_("int64, int32 and float64"), MAIN)
 
 
-@check(random_tensors, points=2, hint=P2P_HINT)
+@check_on(random_tensors, points=2, hint=P2P_HINT)
 def uses_only_point_to_point_calls(seen, ctx):
     """No collective is called at all: the all-gather is built from sends and receives.
     Property: no collective; against the reference (the calls the exercise allows), read from
@@ -132,7 +132,7 @@ def uses_only_point_to_point_calls(seen, ctx):
     expect_point_to_point(seen)
 
 
-@check(random_tensors, points=1, hint=SIZE_HINT)
+@check_on(random_tensors, points=1, hint=SIZE_HINT)
 def exchanges_one_chunk_per_step_with_its_neighbours(seen, ctx):
     """Each rank sends only to one ring neighbour and receives only from the other: N - 1
     chunks of 1/N of the tensor, (N - 1) / N of it.

@@ -9,10 +9,9 @@ from grader.api import (
     SeenTensor,
     _,
     all_finished,
-    as_tensor,
     attempt,
     case,
-    check,
+    check_on,
     close,
     cycle,
     error_hints,
@@ -24,6 +23,7 @@ from grader.api import (
     observe,
     raised_in,
     short,
+    tensor_in,
 )
 
 REBIND_HINT = N_(
@@ -82,7 +82,7 @@ def expect_sums(
     total = torch.stack(parts).sum(dim=0, dtype=parts[0].dtype)
     for i, t in enumerate(tensors):
         label = _("{what}: tensor {i} of {count}").format(what=what, i=i, count=len(tensors))
-        value = as_tensor(t, label)
+        value = tensor_in(t, label)
         right = value.dtype == total.dtype and (
             close(value, total, 1e-5, 1e-5)
             if total.is_floating_point()
@@ -194,7 +194,7 @@ def other_dtypes_and_shapes(student, ctx):
     return [run_on(student, ts, cycle(ctx.devices, len(ts))) for ts in mixed_lists(ctx.seed)]
 
 
-@check(
+@check_on(
     book_demo,
     points=2,
     hint="Add every other tensor into data[0] (moved to data[0]'s device), then copy the "
@@ -213,7 +213,7 @@ def book_demo_gives_threes_on_both_devices(seen, ctx):
         )
 
 
-@check(
+@check_on(
     one_to_eight_tensors,
     points=2,
     hint="Loop over all of data: the sum must include every tensor, and every tensor "
@@ -228,7 +228,7 @@ def every_tensor_holds_the_sum(seen, ctx):
     all_finished(seen)
 
 
-@check(
+@check_on(
     other_dtypes_and_shapes,
     points=1,
     hint="Each tensor must end holding the sum in its own dtype, exactly for integers.",
@@ -245,7 +245,7 @@ def keeps_dtypes_and_sums_integers_exactly(seen, ctx):
         expect_sums(outcome["listed"], ts, what, see="every_tensor_holds_the_sum")
 
 
-@check(
+@check_on(
     one_to_eight_tensors,
     points=2,
     hint="The tensors passed in (the caller's gradients, say) must hold the sum themselves: "
@@ -277,7 +277,7 @@ def writes_into_the_tensors_it_was_given(seen, ctx):
         expect_sums(outcome["given"], ts, what, see="every_tensor_holds_the_sum")
 
 
-@check(
+@check_on(
     one_to_eight_tensors,
     points=1,
     hint="Move the total to each tensor's own device before writing it there.",
@@ -295,7 +295,7 @@ def each_result_stays_on_its_device(seen, ctx):
         )
 
 
-@check(
+@check_on(
     one_to_eight_tensors,
     points=1,
     hint="Give each tensor its own copy of the total: copy values into it (data[i][:] = ...) "

@@ -23,7 +23,7 @@ from grader.api import (
     apart,
     case,
     charged_by,
-    check,
+    check_on,
     error_hints,
     expect,
     expect_close,
@@ -245,7 +245,7 @@ def expect_mean_gradients(seen: list[dict], ctx, frozen: bool = False) -> None:
                 expect_close(g, e, label, hint, rtol=1e-4, atol=1e-6)
 
 
-@check(gradients_of_a_shard, points=4, hint=MEAN_HINT)
+@check_on(gradients_of_a_shard, points=4, hint=MEAN_HINT)
 def gradients_are_the_mean_over_ranks(seen, ctx):
     """Every rank ends with the gradients of one process that ran the whole batch.
     Property: the mean gradients; against the reference (one process's gradients on the whole
@@ -253,7 +253,7 @@ def gradients_are_the_mean_over_ranks(seen, ctx):
     expect_mean_gradients(seen, ctx)
 
 
-@check(
+@check_on(
     with_a_frozen_layer,
     points=2,
     hint="A frozen parameter (requires_grad False) has no gradient: param.grad is None. "
@@ -277,7 +277,7 @@ def skips_frozen_parameters(seen, ctx):
                 )
 
 
-@check(
+@check_on(
     gradients_of_a_shard,
     points=1,
     hint="Call dist.all_reduce once per parameter, on param.grad itself: this is the naive "

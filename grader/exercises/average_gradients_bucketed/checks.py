@@ -7,7 +7,7 @@ and one of about 4 KiB, which cuts it into three. The checks compare the gradien
 process on the whole batch, count the all_reduce calls, and read what each bucket held.
 """
 
-from grader.api import N_, Fail, _, charged_by, check, expect, groups_finished
+from grader.api import N_, Fail, _, charged_by, check_on, expect, groups_finished
 from grader.exercises.average_gradients.checks import (
     UNCHANGED_HINT,
     expect_mean_gradients,
@@ -94,7 +94,7 @@ def expect_mean_with_buckets(seen, ctx, frozen: bool = False) -> None:
         raise
 
 
-@check(default_buckets, points=3, hint=BUCKET_HINT)
+@check_on(default_buckets, points=3, hint=BUCKET_HINT)
 def gradients_are_the_mean_over_ranks(seen, ctx):
     """With the default buckets, every rank ends with one process's whole-batch gradients.
     Property: the mean gradients; against the reference (one process's gradients on the whole
@@ -102,7 +102,7 @@ def gradients_are_the_mean_over_ranks(seen, ctx):
     expect_mean_with_buckets(seen, ctx)
 
 
-@check(small_buckets, points=2, hint=BUCKET_HINT)
+@check_on(small_buckets, points=2, hint=BUCKET_HINT)
 def gradients_are_the_mean_with_small_buckets(seen, ctx):
     """With buckets of about 4 KiB (three of them), the gradients are the same means.
     Property: the mean gradients over several buckets; against the reference (one process's
@@ -111,7 +111,7 @@ def gradients_are_the_mean_with_small_buckets(seen, ctx):
         expect_mean_with_buckets(seen, ctx)
 
 
-@check(
+@check_on(
     small_buckets,
     points=2,
     hint="Make one all_reduce per bucket, of the bucket's gradients flattened into one tensor "
@@ -163,7 +163,7 @@ def expect_one_call_per_bucket(seen: list[dict]) -> None:
             )
 
 
-@check(
+@check_on(
     default_buckets,
     points=1,
     hint="With the default bucket_mb=25, the checks' whole network (under 10 KiB of "
@@ -188,7 +188,7 @@ def one_all_reduce_with_the_default_size(seen, ctx):
             )
 
 
-@check(
+@check_on(
     small_buckets,
     points=1,
     hint="Start a new bucket when the next gradient would take the current one past "
@@ -225,7 +225,7 @@ def no_bucket_over_the_limit(seen, ctx):
                 )
 
 
-@check(
+@check_on(
     small_buckets,
     points=1,
     hint="Fill the buckets from the last parameter backwards (reversed(list(model."
@@ -252,7 +252,7 @@ def buckets_start_from_the_last_parameter(seen, ctx):
             )
 
 
-@check(
+@check_on(
     small_buckets_frozen,
     points=1,
     hint="A frozen parameter has no gradient (None): leave it out of the buckets.",

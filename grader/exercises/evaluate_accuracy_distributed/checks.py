@@ -18,7 +18,7 @@ from grader.api import (
     _,
     case,
     charged_by,
-    check,
+    check_on,
     error_hints,
     expect,
     groups_finished,
@@ -152,7 +152,7 @@ def expect_accuracy(seen, ctx, shape: str) -> None:
             )
 
 
-@check(shards, points=3, hint=COUNT_HINT)
+@check_on(shards, points=3, hint=COUNT_HINT)
 def every_rank_returns_the_accuracy_of_the_whole_set(seen, ctx):
     """With shards of different sizes, every rank returns correct / total over all shards.
     Property: the whole set's accuracy; against the reference (correct over total, counted by the
@@ -160,7 +160,7 @@ def every_rank_returns_the_accuracy_of_the_whole_set(seen, ctx):
     expect_accuracy(seen, ctx, "unequal")
 
 
-@check(equal_shards, points=2, hint=COUNT_HINT)
+@check_on(equal_shards, points=2, hint=COUNT_HINT)
 def equal_shards_give_the_accuracy_of_the_whole_set(seen, ctx):
     """With shards of equal size, every rank returns the whole set's accuracy.
     Property: shards of equal size; against the reference (the accuracy counted across every
@@ -169,7 +169,7 @@ def equal_shards_give_the_accuracy_of_the_whole_set(seen, ctx):
         expect_accuracy(seen, ctx, "equal")
 
 
-@check(
+@check_on(
     a_rank_without_data,
     points=1,
     hint="A rank whose shard is empty must still join the all_reduce (or the others wait for "
@@ -183,7 +183,7 @@ def a_rank_without_data_still_takes_part(seen, ctx):
         expect_accuracy(seen, ctx, "empty")
 
 
-@check(
+@check_on(
     shards,
     points=1,
     hint="Return a Python number: float(correct / total), not a tensor.",
@@ -205,7 +205,7 @@ def returns_a_python_float(seen, ctx):
             )
 
 
-@check(
+@check_on(
     shards,
     points=1,
     hint="Put the network in evaluation mode first (net.eval()), as d2l.evaluate_accuracy_gpu "

@@ -10,7 +10,7 @@ from grader.api import (
     SeenTensor,
     _,
     case,
-    check,
+    check_on,
     error_hints,
     expect,
     expect_close,
@@ -102,7 +102,7 @@ def backward_through_the_copies(student, ctx):
     return copies
 
 
-@check(book_demo, points=1, hint="Return a list with one copy of each parameter, in order.")
+@check_on(book_demo, points=1, hint="Return a list with one copy of each parameter, in order.")
 def returns_one_copy_per_parameter(seen, ctx):
     """It returns a list of eight tensors shaped like LeNet's parameters.
     Property: one copy per parameter; against the reference (LeNet's shapes)."""
@@ -116,7 +116,7 @@ def returns_one_copy_per_parameter(seen, ctx):
         )
 
 
-@check(
+@check_on(
     book_demo,
     points=1,
     hint="Copy the values unchanged.",
@@ -130,7 +130,7 @@ def copies_hold_the_same_values(seen, ctx):
         expect_close(c, p, _("copy {i}").format(i=i), rtol=0, atol=0)
 
 
-@check(
+@check_on(
     book_demo,
     points=1,
     hint="b1 starts as zeros; its copy must be a leaf whose grad is None.",
@@ -150,7 +150,7 @@ def b1_is_twenty_zeros_with_no_grad(seen, ctx):
         )
 
 
-@check(
+@check_on(
     to_the_second_device,
     points=1,
     hint="Move each copy with .to(device).",
@@ -166,7 +166,7 @@ def copies_are_on_the_device(seen, ctx):
         )
 
 
-@check(
+@check_on(
     book_demo,
     points=1,
     hint="Call .requires_grad_() on each copy.",
@@ -187,7 +187,7 @@ def copies_are_leaves_that_require_grad(seen, ctx):
         expect(c.grad is None, _("copy {i} already has a grad").format(i=i))
 
 
-@check(onto_the_same_device, points=2, hint=SAME_TENSOR_HINT)
+@check_on(onto_the_same_device, points=2, hint=SAME_TENSOR_HINT)
 def copies_are_independent_of_the_originals(seen, ctx):
     """Changing a copy leaves its original alone, even when both are on the same device.
     Property: independence; a relation: a copy changed against its original, which must not move."""
@@ -207,7 +207,7 @@ def copies_are_independent_of_the_originals(seen, ctx):
         )
 
 
-@check(
+@check_on(
     book_demo,
     points=1,
     hint="Leave the caller's tensors alone: set requires_grad on the copies only.",
@@ -227,7 +227,7 @@ def originals_are_left_untouched(seen, ctx):
         )
 
 
-@check(
+@check_on(
     backward_through_the_copies,
     points=1,
     hint="The copies must be leaves that require grad, so backward fills their .grad.",

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from grader.api import N_, _, attempt, case, check, expect, finished, raised_in
+from grader.api import N_, _, attempt, case, check_on, expect, finished, raised_in
 
 STAGES = (0, 1, 2, 3)
 SIZES = (1, 2, 3, 4)
@@ -312,7 +312,7 @@ def ddp_hint(seen, ctx) -> str:
     return K_HINT if other_k else TABLE_HINT
 
 
-@check(every_stage, points=2, hint=TABLE_HINT)
+@check_on(every_stage, points=2, hint=TABLE_HINT)
 def ddp_holds_everything_on_every_rank(seen, ctx):
     """DDP: each rank holds P parameters, P gradients and K P values of state, whatever N is,
     with K 0, 1 and 2 for SGD, SGD with momentum and Adam.
@@ -321,7 +321,7 @@ def ddp_holds_everything_on_every_rank(seen, ctx):
     expect_stage(seen, ctx, 0, "ddp_holds_everything_on_every_rank", hint=ddp_hint(seen, ctx))
 
 
-@check(every_stage, points=2, hint=TABLE_HINT)
+@check_on(every_stage, points=2, hint=TABLE_HINT)
 def stage_1_shards_the_optimizer_state(seen, ctx):
     """Stage 1: the state falls to K ceil(P / N) values per rank; parameters and gradients stay
     whole.
@@ -330,7 +330,7 @@ def stage_1_shards_the_optimizer_state(seen, ctx):
     expect_stage(seen, ctx, 1, STAGE_CHECKS[1])
 
 
-@check(every_stage, points=2, hint=TABLE_HINT)
+@check_on(every_stage, points=2, hint=TABLE_HINT)
 def stage_2_shards_the_gradients_too(seen, ctx):
     """Stage 2: the gradients fall to ceil(P / N) values per rank as well.
     Property: stage 2 shards the gradients too; a relation: the table's figure with the code's
@@ -338,7 +338,7 @@ def stage_2_shards_the_gradients_too(seen, ctx):
     expect_stage(seen, ctx, 2, STAGE_CHECKS[2])
 
 
-@check(every_stage, points=2, hint=TABLE_HINT)
+@check_on(every_stage, points=2, hint=TABLE_HINT)
 def stage_3_shards_the_parameters_too(seen, ctx):
     """Stage 3: each rank holds ceil(P / N) parameters, gradients and K ceil(P / N) state.
     Property: stage 3 shards the parameters too; a relation: the table's figure with the code's
@@ -346,7 +346,7 @@ def stage_3_shards_the_parameters_too(seen, ctx):
     expect_stage(seen, ctx, 3, STAGE_CHECKS[3])
 
 
-@check(
+@check_on(
     two_lengths,
     points=1,
     hint="Rank 0's chunk is ceil(P / N) values, -(-P // N): the chunks of tensor_split(N), "
@@ -388,7 +388,7 @@ def chunk_text(chunk: Fraction) -> str:
     return str(chunk.numerator) if chunk.denominator == 1 else f"{float(chunk):.4g}"
 
 
-@check(
+@check_on(
     with_a_frozen_layer,
     points=1,
     hint="Count only the parameters that train (p.requires_grad): a frozen layer has no "
@@ -401,7 +401,7 @@ def counts_only_what_trains(seen, ctx):
     expect_stage(seen, ctx, 0, "counts_only_what_trains", kind="frozen", sizes=(1, 2), hint=None)
 
 
-@check(
+@check_on(
     unknown_stages,
     points=1,
     hint="Raise ValueError for a stage other than 0, 1, 2 and 3, and say which stages exist.",

@@ -24,7 +24,7 @@ from grader.api import (
     _,
     all_reduce,
     case,
-    check,
+    check_on,
     error_hints,
     expect,
     expect_close,
@@ -233,7 +233,7 @@ MAIN = (
 )
 
 
-@check(
+@check_on(
     book_demo,
     points=2,
     hint="Rank 0 must get [3.] (the first half of [[3., 3.]]) and rank 1 [3.]. " + HALF_HINT,
@@ -245,7 +245,7 @@ def book_demo_gives_each_rank_its_half_of_the_sum(seen, ctx):
     expect_halves(seen, N_("the book's demo"), reduce_hint, see=MAIN)
 
 
-@check(random_tensors, points=3, hint=HALF_HINT)
+@check_on(random_tensors, points=3, hint=HALF_HINT)
 def each_rank_gets_its_chunk_of_the_sum(seen, ctx):
     """In groups of 2, 3 and 4, rank r gets chunk r of what dist.all_reduce gives.
     Property: each rank's chunk of the sum; against the reference (dist.all_reduce of the same
@@ -253,7 +253,7 @@ def each_rank_gets_its_chunk_of_the_sum(seen, ctx):
     expect_halves(seen, N_("random float32"), reduce_hint)
 
 
-@check(
+@check_on(
     lengths_that_do_not_divide,
     points=2,
     hint="Cut with flat.tensor_split(world_size), as the chunks are defined: the first chunks "
@@ -268,7 +268,7 @@ def works_for_any_length(seen, ctx):
     expect_halves(seen, N_("a length that the world size does not divide"), reduce_hint, see=MAIN)
 
 
-@check(
+@check_on(
     integers_and_float64,
     points=1,
     hint="Receive into a buffer of the tensor's own dtype (torch.empty_like), and return the "
@@ -395,7 +395,7 @@ def flat_result(returned, expected: torch.Tensor):
     return value.reshape(-1), expected
 
 
-@check(random_tensors, points=2, hint=P2P_HINT)
+@check_on(random_tensors, points=2, hint=P2P_HINT)
 def uses_only_point_to_point_calls(seen, ctx):
     """No collective is called at all: the reduce-scatter is built from sends and receives.
     Property: no collective; against the reference (the calls the exercise allows), read from
@@ -476,7 +476,7 @@ def expect_ring_steps(seen: list[dict], main: str) -> None:
 PEERS = ("send", "isend", "recv", "irecv")
 
 
-@check(random_tensors, points=1, hint=SIZE_HINT)
+@check_on(random_tensors, points=1, hint=SIZE_HINT)
 def exchanges_one_chunk_per_step_with_its_neighbours(seen, ctx):
     """Each rank sends only to one ring neighbour and receives only from the other: N - 1
     chunks of 1/N of the tensor, (N - 1) / N of it, half an all-reduce.

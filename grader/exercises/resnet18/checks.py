@@ -27,7 +27,7 @@ from grader.api import (
     _,
     attempt,
     case,
-    check,
+    check_on,
     error_hints,
     expect,
     recorded_forward,
@@ -190,7 +190,7 @@ def layer_tree(student, ctx):
     return layers(recorded(net, gen))
 
 
-@check(
+@check_on(
     ten_classes_one_channel,
     points=2,
     hint="Follow the book: four stages of two residual blocks with 64, 128, 256 and 512 "
@@ -221,7 +221,7 @@ def stages_and_classifier_have_the_books_parameter_count(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_classes_one_channel,
     points=1,
     hint="After the stem, add_module('resnet_block1', ...) up to 'resnet_block4', then "
@@ -242,7 +242,7 @@ def names_its_stages_like_the_book(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_classes_one_channel,
     points=1,
     hint="For 28x28 images the book uses Conv2d(in_channels, 64, kernel_size=3, stride=1, "
@@ -296,7 +296,7 @@ def stem_is_3x3_stride_1_without_max_pooling(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_classes_one_channel,
     points=1,
     hint="Only the first block of stages 2 to 4 changes shape: give it use_1x1conv=True and "
@@ -338,7 +338,7 @@ def shortcuts_only_where_the_shape_changes(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_classes_one_channel,
     points=1,
     hint="End with nn.AdaptiveAvgPool2d((1, 1)), then nn.Sequential(nn.Flatten(), "
@@ -355,7 +355,7 @@ def classifies_28x28_images(seen, ctx):
     )
 
 
-@check(
+@check_on(
     seven_classes_three_channels,
     points=1,
     hint="Use in_channels for the first convolution and num_classes for the last layer.",

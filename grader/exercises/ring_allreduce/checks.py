@@ -21,7 +21,7 @@ from grader.api import (
     all_reduce,
     case,
     charged_by,
-    check,
+    check_on,
     error_hints,
     expect,
     expect_close,
@@ -226,7 +226,7 @@ def expect_sums(seen: list[dict], ctx, kind: str, what: str) -> None:
             expect_equal(given, expected, label, hint)
 
 
-@check(
+@check_on(
     book_demo,
     points=2,
     hint="Each rank must end with the sum of both tensors: [[3., 3.]]. " + RING_HINT,
@@ -239,7 +239,7 @@ def book_demo_gives_threes_on_both_ranks(seen, ctx):
         expect_sums(seen, ctx, "book", N_("the book's demo"))
 
 
-@check(random_tensors, points=3, hint=RING_HINT)
+@check_on(random_tensors, points=3, hint=RING_HINT)
 def every_rank_holds_the_sum(seen, ctx):
     """In groups of 2, 3 and 4, every rank's tensor equals dist.all_reduce of the same tensors.
     Property: the sum on every rank; against the reference (dist.all_reduce of the same float32
@@ -247,7 +247,7 @@ def every_rank_holds_the_sum(seen, ctx):
     expect_sums(seen, ctx, "random", N_("random float32"))
 
 
-@check(
+@check_on(
     lengths_that_do_not_divide,
     points=2,
     hint="The chunks must cover the whole tensor when world_size does not divide its length, "
@@ -268,7 +268,7 @@ def sums_tensors_of_any_length(seen, ctx):
 INTEGERS, TWIN, SHIFTED = 2, 2, 5
 
 
-@check(
+@check_on(
     integers_and_float64,
     points=1,
     hint="Each rank's tensor must end holding the sum in its own dtype, exactly for integers.",
@@ -329,7 +329,7 @@ def plain(value):
     return value.value if isinstance(value, SeenTensor) else value
 
 
-@check(
+@check_on(
     random_tensors,
     points=1,
     hint="Work on tensor.view(-1) (a view, not a copy) so that receiving into a chunk writes "
@@ -353,7 +353,7 @@ def sums_in_place(seen, ctx):
         )
 
 
-@check(
+@check_on(
     random_tensors,
     points=2,
     hint="Use only point-to-point calls (dist.send, dist.recv, dist.isend, dist.irecv); "
@@ -386,7 +386,7 @@ def expect_point_to_point(seen: list[dict]) -> None:
         )
 
 
-@check(
+@check_on(
     random_tensors,
     points=1,
     hint="In a ring, rank r sends only to (r + 1) % world_size and receives only from "
@@ -412,7 +412,7 @@ def talks_only_to_its_ring_neighbours(seen, ctx):
         )
 
 
-@check(
+@check_on(
     random_tensors,
     points=1,
     hint="Send chunks of 1/world_size of the tensor, not the whole tensor: 2 (N - 1) chunks "

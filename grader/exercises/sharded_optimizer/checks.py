@@ -27,7 +27,7 @@ from grader.api import (
     all_reduce,
     apart,
     case,
-    check,
+    check_on,
     error_hints,
     expect,
     expect_close,
@@ -250,7 +250,7 @@ def expect_one_process_weights(
                     )
 
 
-@check(training_steps, points=5, hint=STEP_HINT)
+@check_on(training_steps, points=5, hint=STEP_HINT)
 def weights_match_one_process(seen, ctx):
     """After three steps of SGD with momentum, and of Adam, every rank holds the weights of one
     process that stepped the whole network on the whole batches.
@@ -259,7 +259,7 @@ def weights_match_one_process(seen, ctx):
     expect_one_process_weights(seen, ctx)
 
 
-@check(
+@check_on(
     training_steps,
     points=3,
     hint="Build optimizer_cls over this rank's chunk alone (a tensor of about 1/world_size of "
@@ -310,7 +310,7 @@ def most_padded(sizes: list[int], n: int) -> int:
     return max(each, flat)
 
 
-@check(
+@check_on(
     training_steps,
     points=1,
     hint="zero_grad() clears the gradients of the parameters it was given: set each p.grad "

@@ -11,7 +11,7 @@ from grader.api import (
     all_finished,
     attempt,
     case,
-    check,
+    check_on,
     cycle,
     error_hints,
     expect,
@@ -104,7 +104,7 @@ def mismatched_lengths(student, ctx):
     return {"raised": None, "message": "", "right": right, "result": result}
 
 
-@check(
+@check_on(
     book_demo,
     points=1,
     hint="Split X and y along dimension 0, one chunk per device, as nn.parallel.scatter "
@@ -165,7 +165,7 @@ def expect_sizes(sizes: list[int], rows: int, k: int, see: str | None = None) ->
     )
 
 
-@check(
+@check_on(
     uneven_batches,
     points=1,
     hint="Give every row to one shard, one shard per device, with torch.chunk's sizes (as "
@@ -186,7 +186,7 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
     all_finished(seen)
 
 
-@check(
+@check_on(
     uneven_batches,
     points=1,
     hint="Take contiguous rows in order; do not shuffle or interleave.",
@@ -209,7 +209,7 @@ def shards_keep_the_row_order(seen, ctx):
         )
 
 
-@check(
+@check_on(
     uneven_batches,
     points=1,
     hint="Split y exactly as X, so that shard i of y holds the labels of shard i of X.",
@@ -235,7 +235,7 @@ def labels_stay_with_their_examples(seen, ctx):
             )
 
 
-@check(
+@check_on(
     uneven_batches,
     points=1,
     hint="Move shard i of X and of y to devices[i].",
@@ -258,7 +258,7 @@ def shards_land_on_their_devices(seen, ctx):
             )
 
 
-@check(
+@check_on(
     mismatched_lengths,
     points=1,
     hint="Check first that X and y have the same number of rows, and raise an error that "

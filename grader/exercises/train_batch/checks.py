@@ -24,7 +24,7 @@ from grader.api import (
     _,
     attempt,
     case,
-    check,
+    check_on,
     close,
     cycle,
     error_hints,
@@ -334,7 +334,7 @@ two_steps = step_after_step.using(
 )
 
 
-@check(even_split, points=2, hint=ORDER_HINT)
+@check_on(even_split, points=2, hint=ORDER_HINT)
 def every_replica_matches_one_sgd_step(seen, ctx):
     """After one step every replica equals one SGD step on the whole batch on one device.
     Property: the step is plain SGD on the whole batch; against the reference."""
@@ -348,7 +348,7 @@ UNEVEN_HINT = (
 )
 
 
-@check(uneven_split, points=2, hint=UNEVEN_HINT)
+@check_on(uneven_split, points=2, hint=UNEVEN_HINT)
 def uneven_split_steps_as_one_device_does(seen, ctx):
     """With shards of 4 and 3, every replica takes the step your own code takes on one
     device with the same 7 examples.
@@ -386,7 +386,7 @@ def uneven_split_steps_as_one_device_does(seen, ctx):
     expect_own_step(replicas, base, ctx.seed, 1, known, owner)
 
 
-@check(
+@check_on(
     even_split,
     points=1,
     hint="Update every replica with the same all-reduced gradients, so that they stay equal "
@@ -418,7 +418,7 @@ def replicas_stay_identical(seen, ctx):
             )
 
 
-@check(
+@check_on(
     even_split,
     points=1,
     hint="Split the batch with split_batch and run each shard through lenet with the "
@@ -441,7 +441,7 @@ def each_device_runs_its_replica_on_its_shard(seen, ctx):
     )
 
 
-@check(
+@check_on(
     two_steps,
     points=3,
     hint="Zero the gradients once they have been used (d2l.sgd does, after the update), or "

@@ -33,7 +33,7 @@ from grader.api import (
     attempt,
     batch_name,
     case,
-    check,
+    check_on,
     error_hints,
     expect,
     quiet_animator,
@@ -278,7 +278,7 @@ devices_in_the_other_order = training_run.using(
 )
 
 
-@check(
+@check_on(
     devices_in_the_other_order,
     points=1,
     hint="Wrap once, before training, on the devices you are given: "
@@ -297,7 +297,7 @@ def wraps_the_net_in_data_parallel_on_the_given_devices(seen, ctx):
     )
 
 
-@check(
+@check_on(
     net_left_on_the_cpu,
     points=1,
     hint="nn.DataParallel wants the module on device_ids[0] when the first minibatch comes: "
@@ -320,7 +320,7 @@ def moves_the_net_to_the_first_device(seen, ctx):
     )
 
 
-@check(
+@check_on(
     learning_rate_zero,
     points=1,
     hint="Apply an init function to every nn.Linear and nn.Conv2d: "
@@ -339,7 +339,7 @@ def initialises_weights_with_std_0_01(seen, ctx):
         )
 
 
-@check(
+@check_on(
     ten_short_epochs,
     points=2,
     hint="Each minibatch: zero the gradients, move X and y to devices[0], compute the loss "
@@ -361,7 +361,7 @@ def loss_falls_on_a_small_fixed_batch(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_short_epochs,
     points=1,
     hint="Run each minibatch through the nn.DataParallel wrapper, net(X), not through the "
@@ -386,7 +386,7 @@ def every_minibatch_is_split_across_the_devices(seen, ctx):
         )
 
 
-@check(
+@check_on(
     ten_short_epochs,
     points=1,
     hint="Evaluate with d2l.evaluate_accuracy_gpu(net, test_iter), which switches to "
@@ -421,7 +421,7 @@ def trains_in_train_mode_and_evaluates_in_eval_mode(seen, ctx):
     expect(not any(e[1] for e in test), _("the test batch ran in training mode"))
 
 
-@check(
+@check_on(
     ten_short_epochs,
     points=1,
     hint="Return the test accuracies, one per epoch (animator.Y[0] holds them).",

@@ -30,7 +30,7 @@ from grader.api import (
     apart,
     case,
     charged_by,
-    check,
+    check_on,
     error_hints,
     every_group,
     every_rank,
@@ -254,7 +254,7 @@ def expect_the_given_optimizer(r: RankSeen, lr: float) -> None:
     )
 
 
-@check(
+@check_on(
     training_run,
     points=2,
     hint="Wrap the network in DistributedDataParallel after initialising it (DDP copies rank "
@@ -277,7 +277,7 @@ def ranks_end_with_identical_parameters(seen, ctx):
                 )
 
 
-@check(
+@check_on(
     training_run,
     points=3,
     hint="Each step: zero the gradients, compute the loss of the wrapped model (model(X), "
@@ -307,7 +307,7 @@ def matches_one_process_on_the_same_global_batches(seen, ctx):
             )
 
 
-@check(
+@check_on(
     training_run,
     points=2,
     hint="Give the training DataLoader a DistributedSampler(train_set): it hands each rank "
@@ -337,7 +337,7 @@ def each_rank_trains_on_its_own_shard(seen, ctx):
             )
 
 
-@check(
+@check_on(
     training_run,
     points=1,
     hint="batch_size is the global batch: each rank's DataLoader takes batch_size // "
@@ -358,7 +358,7 @@ def each_rank_takes_its_share_of_the_global_batch(seen, ctx):
         )
 
 
-@check(
+@check_on(
     training_run,
     points=1,
     hint="Call sampler.set_epoch(epoch) at the start of every epoch (with shuffle=True, the "
@@ -379,7 +379,7 @@ def shuffles_differently_each_epoch(seen, ctx):
         )
 
 
-@check(
+@check_on(
     training_run,
     points=1,
     hint="Initialise as the book does before training: nn.init.normal_(m.weight, std=0.01) for "
@@ -406,7 +406,7 @@ def initialises_weights_as_the_book(seen, ctx):
             )
 
 
-@check(
+@check_on(
     training_run,
     points=1,
     hint="Return the list of test accuracies, one per epoch, each from "
@@ -454,7 +454,7 @@ SUMMARY = re.compile(
 )
 
 
-@check(
+@check_on(
     training_run,
     points=1,
     hint="Print the summary line once, on rank 0 only (if dist.get_rank() == 0): "

@@ -32,7 +32,7 @@ from grader.api import (
     attempt,
     batch_name,
     case,
-    check,
+    check_on,
     error_hints,
     expect,
     mark_of,
@@ -209,7 +209,7 @@ def learns_on_the_sample(student, ctx):
     return {"raised": call["raised"], "last_replica": list(trained) if trained else None}
 
 
-@check(
+@check_on(
     ten_epochs_on_tiny_batches,
     points=2,
     hint="Put the epoch loop outside and the minibatch loop inside: "
@@ -240,7 +240,7 @@ def visits_every_batch_once_per_epoch(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_epochs_on_tiny_batches,
     points=1,
     hint="Give every device its own copy of the parameters, "
@@ -274,7 +274,7 @@ def every_step_uses_every_devices_replica(seen, ctx):
             )
 
 
-@check(
+@check_on(
     ten_epochs_on_tiny_batches,
     points=1,
     hint="After each epoch's minibatches, evaluate a replica being trained, as the book does "
@@ -331,7 +331,7 @@ def trained_mark(log: list, forward: tuple) -> float:
     return mark
 
 
-@check(
+@check_on(
     ten_epochs_on_tiny_batches,
     points=1,
     hint="Make an Animator('epoch', 'test acc', xlim=[1, num_epochs]) and call "
@@ -357,7 +357,7 @@ def plots_the_test_accuracy_each_epoch(seen, ctx):
         )
 
 
-@check(
+@check_on(
     ten_epochs_on_tiny_batches,
     points=1,
     hint="End with the book's line: print(f'test acc: {animator.Y[0][-1]:.2f}, "
@@ -385,7 +385,7 @@ def prints_the_summary_line(seen, ctx):
     )
 
 
-@check(
+@check_on(
     ten_epochs_on_tiny_batches,
     points=1,
     hint="Return the test accuracies, one per epoch (animator.Y[0] holds them).",
@@ -420,7 +420,7 @@ def expect_history(seen: dict, epochs: int, counts: set[int] | None = None) -> N
         )
 
 
-@check(
+@check_on(
     learns_on_the_sample,
     points=1,
     hint="The loop must call train_batch on every minibatch with the replicas, keep training "

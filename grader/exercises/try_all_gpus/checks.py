@@ -1,6 +1,6 @@
 """Public checks of `try_all_gpus()`: every GPU, or `[cpu]` when there is none."""
 
-from grader.api import _, case, check, expect, pretend_gpus
+from grader.api import _, case, check_on, expect, pretend_gpus
 
 
 def listing(student) -> dict:
@@ -44,7 +44,7 @@ three_gpus = listing_with_gpus.using("three_gpus", "Pretend there are three GPUs
 no_gpu = listing_with_gpus.using("no_gpu", "Pretend there is no GPU.", gpus=0)
 
 
-@check(
+@check_on(
     three_gpus,
     points=1,
     hint="Build [torch.device(f'cuda:{i}') for i in range(torch.cuda.device_count())].",
@@ -55,7 +55,7 @@ def lists_every_gpu(seen, ctx):
     expect_listing(seen, ["cuda:0", "cuda:1", "cuda:2"], _("3 GPUs"))
 
 
-@check(
+@check_on(
     no_gpu,
     points=1,
     hint="With no GPU the list would be empty and training code would have no device: "

@@ -1,6 +1,6 @@
 """Public checks of `try_gpu(i=0)`: GPU `i` when it exists, otherwise the CPU."""
 
-from grader.api import _, attempt, case, check, expect, pretend_gpus, returned
+from grader.api import _, attempt, case, check_on, expect, pretend_gpus, returned
 
 
 def expect_devices(calls: list[dict], wanted: list[str], setting: str, asked: str) -> None:
@@ -44,7 +44,7 @@ four_gpus = ask_with_gpus.using(
 )
 
 
-@check(
+@check_on(
     four_gpus,
     points=1,
     hint="Return torch.device(f'cuda:{i}') when i < torch.cuda.device_count(); the default is i=0.",
@@ -58,7 +58,7 @@ def returns_gpu_i_when_it_exists(seen, ctx):
     )
 
 
-@check(
+@check_on(
     four_gpus,
     points=1,
     hint="GPUs are numbered from 0, so with 4 GPUs there is no cuda:4: "

@@ -52,9 +52,9 @@ class Fast:
         forkserver.start()
 
     def run_warm(self, asked: dict) -> int | None:
-        from grader.sandbox.fast.warm_server import run_warm
+        from grader.sandbox.fast.warm_server import run_in_warm_server
 
-        return run_warm(asked)
+        return run_in_warm_server(asked)
 
     def serve_warm(self, argv, run_command) -> None:
         from grader.sandbox.fast.warm_server import start_serving

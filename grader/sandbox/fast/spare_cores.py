@@ -1,6 +1,6 @@
 """How idle this process's cores have been (`SpareCores`): where they sit idle, the fast
-path starts one more notebook's child, or one more submission (grader.sandbox.scheduler's
-`side_by_side_while_idle`, through grader.sandbox.speedups)."""
+path starts one more notebook's child, or one more submission (`room_while_idle` in
+sharing.py, lent through grader.sandbox.speedups)."""
 
 import os
 import threading

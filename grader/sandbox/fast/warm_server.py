@@ -2,19 +2,20 @@
 runs whole `python -m grader check` and `grade` commands, warm (grader.front.warm_commands
 runs them in its sessions).
 
-The warm server (`serve_warm`) outlives the command that started it, for `GRADER_WARM_SECONDS`
-(300 by default; 0 for none) after its last grader. It listens on a Unix socket in a folder
-only its user may enter (`GRADER_WARM_DIR`, by default grader-warm-UID in the temporary
-folder), named by a digest of what its imports depend on (`warm_key`: the grader's and the
-lab's files, torch as installed, the environment), and serves only its own user. For each
-grader that connects it forks a session: a fork server as above, or, for `python -m grader
-check` and `grade` (`run_warm`), the command itself, run with the grader's standard streams,
-folder, environment and arguments, which then asks for a session of its own for the children.
-So a later command starts with torch, the lab and the public checks imported. The command
-that finds no server answering starts one and runs in its own process: it imports what it
-needs on one core while the server imports on another, and asks it for the children once it
-is ready. It never runs a command where a GPU may be visible (its children would then start
-afresh anyway). It leaves when its files change, and a changed file starts another.
+The warm server (`serve_warm`) outlives the command that started it, for
+`GRADER_WARM_SECONDS` (300 by default; 0 for none) after its last grader. It listens on a
+Unix socket in a folder only its user may enter (`GRADER_WARM_DIR`, by default
+grader-warm-UID in the temporary folder), named by a digest of what its imports depend on
+(`warm_key`: the grader's and the lab's files, torch as installed, the environment), and
+serves only its own user. For each grader that connects it forks a session: a fork server as
+above, or, for `python -m grader check` and `grade` (`run_in_warm_server`), the command
+itself, run with the grader's standard streams, folder, environment and arguments, which
+then asks for a session of its own for the children. So a later command starts with torch,
+the lab and the public checks imported. The command that finds no server answering starts
+one and runs in its own process: it imports what it needs on one core while the server
+imports on another, and asks it for the children once it is ready. It never runs a command
+where a GPU may be visible (its children would then start afresh anyway). It leaves when its
+files change, and a changed file starts another.
 """
 
 import contextlib
@@ -141,7 +142,7 @@ def _gpu_device_here() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
-def run_warm(asked: dict) -> int | None:
+def run_in_warm_server(asked: dict) -> int | None:
     """Run the command `asked` (its "command", "cwd", "env" and "umask": see
     grader.front.warm_commands.run_warm) in a session of this user's warm server and return
     its exit code; None where the command is to run in this process: where a GPU may be

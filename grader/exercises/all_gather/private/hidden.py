@@ -1,6 +1,6 @@
 """Hidden checks of `all_gather`: tensors of random shapes and dtypes, in groups of 2 to 4."""
 
-from grader.api import check
+from grader.api import check_on
 from grader.exercises.all_gather.checks import GATHER_HINT, given_kinds
 from grader.exercises.reduce_scatter.checks import expect_random_kind
 from grader.exercises.ring_allreduce.private.hidden import random_kinds
@@ -12,7 +12,7 @@ random_shapes_and_dtypes = given_kinds.using(
 )
 
 
-@check(random_shapes_and_dtypes, points=2, hint=GATHER_HINT)
+@check_on(random_shapes_and_dtypes, points=2, hint=GATHER_HINT)
 def gathers_random_tensors(seen, ctx):
     """On random shapes and dtypes, every rank gets the whole tensor back.
     Property: random shapes and dtypes, for code fitted to the public inputs; against the

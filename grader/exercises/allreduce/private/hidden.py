@@ -2,7 +2,7 @@
 
 import torch
 
-from grader.api import SeenTensor, _, all_finished, check, expect_close, expect_equal
+from grader.api import SeenTensor, _, all_finished, check_on, expect_close, expect_equal
 from grader.exercises.allreduce.checks import (
     REBIND_HINT,
     did_the_work,
@@ -42,7 +42,7 @@ random_lists_of_tensors = given_lists.using(
 )
 
 
-@check(
+@check_on(
     random_lists_of_tensors,
     points=2,
     hint="Every tensor given must end holding the sum of all of them, in its own dtype.",

@@ -1,6 +1,6 @@
 """Hidden checks of `average_gradients`: another network and batch, from another seed."""
 
-from grader.api import charged_by, check
+from grader.api import charged_by, check_on
 from grader.exercises.average_gradients.checks import (
     MEAN,
     MEAN_HINT,
@@ -13,7 +13,7 @@ another_batch = gradients_of_a_shard.using(
 )
 
 
-@check(another_batch, points=2, hint=MEAN_HINT)
+@check_on(another_batch, points=2, hint=MEAN_HINT)
 def gradients_are_the_mean_on_another_batch(seen, ctx):
     """With other weights and another batch, the gradients are still the whole batch's.
     Property: the mean gradients on weights and inputs the public checks never gave; against the

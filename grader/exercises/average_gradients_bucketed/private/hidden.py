@@ -1,6 +1,6 @@
 """Hidden checks of `average_gradients_bucketed`: another bucket size."""
 
-from grader.api import _, charged_by, check, expect, groups_finished
+from grader.api import _, charged_by, check_on, expect, groups_finished
 from grader.exercises.average_gradients.checks import gradients_of_a_shard
 from grader.exercises.average_gradients_bucketed.checks import (
     BUCKET_HINT,
@@ -19,7 +19,7 @@ other_buckets = gradients_of_a_shard.using(
 )
 
 
-@check(other_buckets, points=2, hint=BUCKET_HINT)
+@check_on(other_buckets, points=2, hint=BUCKET_HINT)
 def right_means_and_bucket_count_with_another_size(seen, ctx):
     """With bucket_mb=0.002, the means are right and each bucket has one all_reduce.
     Property: another bucket size; against the reference (one process's gradients, and the buckets

@@ -1,6 +1,6 @@
 """Hidden checks of `evaluate_accuracy_distributed`: shards of very different sizes."""
 
-from grader.api import charged_by, check
+from grader.api import charged_by, check_on
 from grader.exercises.evaluate_accuracy_distributed.checks import (
     COUNT_HINT,
     WHOLE_SET,
@@ -13,7 +13,7 @@ skewed_shards = shards.using(
 )
 
 
-@check(skewed_shards, points=2, hint=COUNT_HINT)
+@check_on(skewed_shards, points=2, hint=COUNT_HINT)
 def skewed_shards_give_the_accuracy_of_the_whole_set(seen, ctx):
     """With one example on rank 0 and many elsewhere, the accuracy is still counted.
     Property: shards of very different sizes; against the reference (the accuracy counted across

@@ -1,7 +1,7 @@
 """Hidden checks of `get_params`."""
 
 import dplab
-from grader.api import _, check, expect, expect_close
+from grader.api import _, check_on, expect, expect_close
 from grader.exercises.get_params.checks import (
     SAME_TENSOR_HINT,
     copies_of,
@@ -17,7 +17,7 @@ parameters_that_require_grad = copy_in_place_then_change.using(
 )
 
 
-@check(parameters_that_require_grad, points=2, hint=SAME_TENSOR_HINT)
+@check_on(parameters_that_require_grad, points=2, hint=SAME_TENSOR_HINT)
 def copies_trainable_parameters_independently(seen, ctx):
     """Parameters that already require grad still get independent leaf copies.
     Property: the same, for parameters that require grad; against the reference (the values

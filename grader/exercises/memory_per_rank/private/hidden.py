@@ -3,7 +3,7 @@ a float64 network, and groups of 5 and 8 ranks."""
 
 import torch
 
-from grader.api import check
+from grader.api import check_on
 from grader.exercises.memory_per_rank.checks import TABLE_HINT, every_stage, expect_stage
 
 amsgrad_in_float64 = every_stage.using(
@@ -15,7 +15,7 @@ amsgrad_in_float64 = every_stage.using(
 )
 
 
-@check(amsgrad_in_float64, points=2, hint=TABLE_HINT)
+@check_on(amsgrad_in_float64, points=2, hint=TABLE_HINT)
 def reads_the_state_and_the_bytes_from_what_it_is_given(seen, ctx):
     """With three values of state per value and 8 bytes a value, every stage still matches the
     table.

@@ -1,7 +1,7 @@
 """Hidden checks of `reduce_scatter`: tensors of random shapes and dtypes, in groups of 2
 to 4, against torch.distributed.all_reduce of the same tensors."""
 
-from grader.api import check
+from grader.api import check_on
 from grader.exercises.reduce_scatter.checks import HALF_HINT, expect_random_kind, given_kinds
 from grader.exercises.ring_allreduce.private.hidden import random_kinds
 
@@ -12,7 +12,7 @@ random_shapes_and_dtypes = given_kinds.using(
 )
 
 
-@check(random_shapes_and_dtypes, points=2, hint=HALF_HINT)
+@check_on(random_shapes_and_dtypes, points=2, hint=HALF_HINT)
 def reduces_random_tensors(seen, ctx):
     """On random shapes and dtypes, every rank gets its chunk of dist.all_reduce's sum.
     Property: random shapes and dtypes, for code fitted to the public inputs; against the

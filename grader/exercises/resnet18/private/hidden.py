@@ -3,7 +3,7 @@
 from collections import Counter
 from functools import cache
 
-from grader.api import Fail, _, check, expect, seeded
+from grader.api import Fail, _, check_on, expect, seeded
 from grader.exercises.resnet18.checks import layer_tree, layers, output_shape, recorded
 
 POOLINGS = {"MaxPool2d", "AvgPool2d", "AdaptiveMaxPool2d", "AdaptiveAvgPool2d", "GlobalPool"}
@@ -28,7 +28,7 @@ def pooling(layer) -> bool:
     return layer[0] in POOLINGS
 
 
-@check(
+@check_on(
     layer_tree,
     points=1,
     hint="Match the book's layers: the same convolutions, global average pooling and linear layer.",

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from grader.api import SeenTensor, charged_by, check
+from grader.api import SeenTensor, charged_by, check_on
 from grader.exercises.ring_allreduce.checks import (
     RING_HINT,
     SUMS,
@@ -34,7 +34,7 @@ random_shapes_and_dtypes = given_kinds.using(
 )
 
 
-@check(random_shapes_and_dtypes, points=2, hint=RING_HINT)
+@check_on(random_shapes_and_dtypes, points=2, hint=RING_HINT)
 def matches_all_reduce_on_random_tensors(seen, ctx):
     """On random shapes and dtypes, every rank holds what dist.all_reduce gives.
     Property: random shapes and dtypes, for code fitted to the public inputs; against the

@@ -1,6 +1,6 @@
 """Hidden checks of `ShardedOptimizer`: a network whose first layer is frozen."""
 
-from grader.api import check
+from grader.api import check_on
 from grader.exercises.sharded_optimizer.checks import (
     STEP_HINT,
     expect_one_process_weights,
@@ -14,7 +14,7 @@ with_a_frozen_layer = training_steps.using(
 )
 
 
-@check(with_a_frozen_layer, points=2, hint=STEP_HINT)
+@check_on(with_a_frozen_layer, points=2, hint=STEP_HINT)
 def shards_only_the_parameters_that_train(seen, ctx):
     """With the first layer frozen, the others still train as in one process, and the frozen
     one keeps its weights.

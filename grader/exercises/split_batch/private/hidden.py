@@ -2,7 +2,7 @@
 
 import torch
 
-from grader.api import Crash, Fail, _, check, expect, expect_equal, raised_in
+from grader.api import Crash, Fail, _, check_on, expect, expect_equal, raised_in
 from grader.exercises.split_batch.checks import expect_sizes, given_batches, pair_of
 
 
@@ -26,7 +26,7 @@ random_batches_over_devices = given_batches.using(
 )
 
 
-@check(
+@check_on(
     random_batches_over_devices,
     points=2,
     hint="Split X and y alike, in order, one shard per device, with torch.chunk's sizes or "

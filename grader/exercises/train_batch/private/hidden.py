@@ -2,7 +2,7 @@
 
 import torch
 
-from grader.api import N_, _, check, observe
+from grader.api import N_, _, check_on, observe
 from grader.exercises.train_batch.checks import (
     changed,
     device_count_shows_on_even_shards,
@@ -38,7 +38,7 @@ def devices_left_out(seen, replicas, seed: int) -> list[int]:
     return [r for r in range(len(replicas)) if r not in ran or (moved and r in kept)]
 
 
-@check(
+@check_on(
     four_devices,
     points=2,
     hint="With four devices the step must be the one your code takes on two devices with the "

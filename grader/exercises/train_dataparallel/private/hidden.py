@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from grader.api import _, check, expect, expect_close, sgd_step
+from grader.api import _, check_on, expect, expect_close, sgd_step
 from grader.exercises.train_dataparallel.checks import (
     EPOCHS,
     LR,
@@ -22,7 +22,7 @@ ten_epochs_without_batch_norm = training_run.using(
 )
 
 
-@check(
+@check_on(
     ten_epochs_without_batch_norm,
     points=1,
     hint="Use torch.optim.SGD(net.parameters(), lr) and nn.CrossEntropyLoss() (the mean), "
@@ -52,7 +52,7 @@ def training_matches_plain_sgd(seen, ctx):
         )
 
 
-@check(
+@check_on(
     ten_epochs_without_batch_norm,
     points=1,
     hint="End with print(f'test acc: {animator.Y[0][-1]:.2f}, {timer.avg():.1f} sec/epoch "

@@ -1,6 +1,6 @@
 """Hidden checks of `train_ddp`: another global batch, learning rate and number of epochs."""
 
-from grader.api import _, charged_by, check, expect, expect_close
+from grader.api import _, charged_by, check_on, expect, expect_close
 from grader.exercises.train_ddp.checks import (
     DEADLOCK_OWNER,
     expect_the_given_optimizer,
@@ -24,7 +24,7 @@ another_run = training_run.using(
 )
 
 
-@check(
+@check_on(
     another_run,
     points=2,
     hint="Use num_epochs, batch_size (the global batch, split over the ranks) and lr as given.",

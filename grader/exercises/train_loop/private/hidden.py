@@ -1,6 +1,6 @@
 """Hidden checks of the from-scratch `train(...)` loop."""
 
-from grader.api import _, check, expect
+from grader.api import _, check_on, expect
 from grader.exercises.train_loop.checks import EPOCHS, recorded_run
 
 one_device = recorded_run.using(
@@ -11,7 +11,7 @@ one_device = recorded_run.using(
 )
 
 
-@check(
+@check_on(
     one_device,
     points=1,
     hint="Use the devices you are given, however many: nothing about two devices is fixed.",

@@ -1,12 +1,12 @@
 """Hidden checks of `try_gpu`."""
 
-from grader.api import Fail, _, check
+from grader.api import Fail, _, check_on
 from grader.exercises.try_gpu.checks import ask_with_gpus, expect_devices
 
 no_gpu = ask_with_gpus.using("no_gpu", "Pretend there is no GPU at all.", gpus=0, indices=[0, 1])
 
 
-@check(no_gpu, points=1, hint="On a machine without GPUs every index gives torch.device('cpu').")
+@check_on(no_gpu, points=1, hint="On a machine without GPUs every index gives torch.device('cpu').")
 def returns_cpu_on_a_machine_without_gpus(seen, ctx):
     """Without GPUs, try_gpu(0), try_gpu(1) and try_gpu() give the CPU.
     Property: the CPU on a machine without GPUs; against the reference (the CPU)."""

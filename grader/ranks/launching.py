@@ -41,10 +41,10 @@ def launch_each(
     def begin(fn: Callable, nprocs: int, chosen: str, folder: Path, store_timeout: float):
         return start_group(fn, (), None, nprocs, chosen, folder, store_timeout, False)
 
-    return side_by_side(calls, backend, timeout, idle_timeout, cpu_limit, begin, stop_after_failure)
+    return run_groups(calls, backend, timeout, idle_timeout, cpu_limit, begin, stop_after_failure)
 
 
-def side_by_side(
+def run_groups(
     calls: list[tuple[Callable, int]],
     backend: str | None,
     timeout: float,
