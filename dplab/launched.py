@@ -47,7 +47,8 @@ class LaunchError(RuntimeError):
     several did), `outputs` holds what every rank printed, and `results` what the ranks whose
     function had returned (`finished`) returned, by rank. `raised` is the name of the
     exception that the rank to blame raised, where it raised one (the message says it in the
-    reader's language: test this instead)."""
+    reader's language: test this instead). `cause` tells what stopped the group from other
+    causes, without what differs from one run to the next (how long the ranks idled)."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class LaunchError(RuntimeError):
         self.finished = list(finished)  # ranks whose function had returned
         self.results = dict(results or {})
         self.raised = raised
+        self.cause = ""
 
     def _render_traceback_(self) -> list[str]:
         """What a notebook shows (IPython asks for it): the error alone, with the student's

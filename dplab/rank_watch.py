@@ -403,7 +403,9 @@ def _hung(group: Group, nprocs: int, quiet_for: float) -> LaunchError:
         )
     )
     rank = waiting[0] if len(waiting) == 1 else None
-    return group.stop(RanksHung, why + "\n  " + "\n  ".join(lines), rank, done)
+    hung = group.stop(RanksHung, why + "\n  " + "\n  ".join(lines), rank, done)
+    hung.cause = repr(("hung", [(r, stacks.get(r)) for r in waiting], done))
+    return hung
 
 
 def _failure(group: Group, nprocs: int, failed: list[int]) -> RankFailed:

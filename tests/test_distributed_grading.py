@@ -211,6 +211,20 @@ def test_a_deadlocked_ring_fails_clearly_and_costs_only_the_ring(distributed_cla
     others_full(sub, "ring_allreduce")
 
 
+def test_one_deadlock_met_by_several_cases_is_one_cause_shown_once(distributed_class):
+    """Each case of the ring deadlocks on its own, and its message says how long its ranks
+    idled: the checks' `cause` is one, and the text report shows the deadlock once."""
+    from grader.judge.results import SubmissionResult
+    from grader.report.text import render_exercise
+
+    result = SubmissionResult.from_dict(distributed_class["report"]["sends_first"])
+    (ring,) = [e for e in result.exercises if e.name == "ring_allreduce"]
+    hung = [c for c in ring.checks if "a deadlock" in c.message]
+    assert len(hung) >= 2 and len({c.cause for c in hung}) == 1 and hung[0].cause, hung
+    shown = render_exercise(ring)
+    assert shown.count("a deadlock") == 1 and "the same as" in shown, shown
+
+
 def test_student_code_cannot_start_processes_of_its_own(distributed_class):
     sub = distributed_class["report"]["escapes"]
     assert scores(sub)["average_gradients"] == 0
@@ -280,7 +294,7 @@ def test_a_bucket_over_the_limit_is_named_and_costs_one_check(distributed_class)
     assert not over["passed"] and "(grad 5, grad 4, grad 3, grad 2)" in over["message"]
     for name in ("one_all_reduce_per_bucket", "right_means_and_bucket_count_with_another_size"):
         assert checks[name]["passed"], checks[name]
-        assert "`no_bucket_over_the_limit` charges for the same cause" in checks[name]["message"]
+        assert checks[name]["kept_for"] == "no_bucket_over_the_limit", checks[name]
     assert scores(sub)["average_gradients_bucketed"] == POINTS["average_gradients_bucketed"] - 1
 
 
@@ -290,9 +304,8 @@ def test_a_rank_batch_of_the_global_size_costs_the_share_check_alone(distributed
     assert [n for n, c in checks.items() if not c["passed"]] == [
         "each_rank_takes_its_share_of_the_global_batch"
     ]
-    assert (
-        "charges for the same cause" in checks["matches_one_process_with_other_settings"]["message"]
-    )
+    kept = checks["matches_one_process_with_other_settings"]
+    assert kept["passed"] and kept["kept_for"] == "each_rank_takes_its_share_of_the_global_batch"
 
 
 def test_a_skipped_collective_costs_the_collective_checks_not_the_eval_mode(distributed_class):

@@ -7,7 +7,7 @@ import pytest
 
 from grader.base.protocol import CaseOutcome
 from grader.judge.registry import exercise_checks, exercise_points, narrowed
-from grader.manifest import load_manifest
+from grader.manifest import REPO, load_manifest
 from grader.report.json_report import read_json
 from grader.report.text import render_exercise
 from tests.conftest import EXERCISES, SOLUTIONS, python
@@ -131,7 +131,10 @@ def test_a_failure_whose_cause_another_check_charges_keeps_its_points():
     assert not verdicts["owner"].passed and verdicts["owner"].points == 0
     second = verdicts["second"]
     assert second.passed and second.points == 3
-    assert "`owner` charges for the same cause (it failed)" in second.message
+    assert second.kept_for == "owner" and second.message == "it failed"
+    from grader.report.text import check_said
+
+    assert "`owner` charges for the same cause (it failed)" in check_said(second)
 
 
 def test_it_fails_where_the_check_it_names_passed_or_was_not_judged():
@@ -190,7 +193,7 @@ def test_a_failure_whose_owner_in_turn_names_another_keeps_its_points():
     got = {c.name: c for c in result.checks}
     assert result.score == 5 and not got["first"].passed
     for name in ("owner", "second"):
-        assert "`first` charges for the same cause" in got[name].message
+        assert got[name].kept_for == "first", got[name]
 
 
 def test_a_failure_shows_tensors_briefly():
@@ -264,14 +267,45 @@ def test_a_notebook_that_cannot_be_checked_gets_one_clear_error(tmp_path, text, 
     assert shown.count(says) == 1 and "✗" not in shown, shown
 
 
+def test_the_report_reads_facts_from_fields_never_from_a_message():
+    """A check's words are shown as they are: what it looks like (a not-run check, another
+    check's "also failed", another language's) tells the report nothing; its fields do."""
+    import labtext
+    from grader.judge.results import CheckResult, exercise_result
+    from grader.report.text import NOT_RUN, check_said, render_exercise
+
+    for language in labtext.LANGUAGES:
+        with labtext.speaking(language):
+            looks_not_run = CheckResult("a", False, 0, 1, labtext._(NOT_RUN), "a hint")
+            shown = render_exercise(exercise_result("ex", [looks_not_run]))
+            assert "✗ a" in shown and "hint: a hint" in shown.replace("提示：", "hint: ")
+            wrapped = "boom (the same error also failed: b)"
+            looks_wrapped = CheckResult("a", False, 0, 1, wrapped, "")
+            assert check_said(looks_wrapped, alone=True) == wrapped
+            not_run = CheckResult("a", False, 0, 1, "", "", not_run=True)
+            assert check_said(not_run) == labtext._(NOT_RUN)
+            also = CheckResult("a", False, 0, 1, "boom", "", also_failed=["b", "c"])
+            assert check_said(also, alone=True) == "boom" and "b, c" in check_said(also)
+    scanned = [
+        path
+        for folder in ("judge", "report", "front", "load", "sandbox")
+        for path in (REPO / "grader" / folder).rglob("*.py")
+    ]
+    assert scanned
+    # A message matched in every language (a template made a pattern) is a message parsed.
+    matching = [p.name for p in scanned if "LANGUAGES" in p.read_text(encoding="utf-8")]
+    assert matching == [], matching
+
+
 def test_an_error_is_shown_once_per_exercise():
-    """Checks that one error failed show it once; the others point to it (issue 31)."""
+    """Checks that one error failed show it once; the others point to it (issue 31). Two
+    failures of one deadlock say different seconds: their `cause` tells them one."""
     from grader.judge.results import CheckResult, exercise_result
     from grader.report.text import render_exercise
 
     def failed(name: str, seconds: str) -> CheckResult:
         message = f"the ranks are waiting: rank 0 computed nothing for {seconds} s"
-        return CheckResult(name, False, 0, 1, message, "post the send with isend")
+        return CheckResult(name, False, 0, 1, message, "post the send with isend", cause="hung")
 
     shown = render_exercise(exercise_result("ring", [failed("a", "0.8"), failed("b", "5")]))
     assert shown.count("computed nothing") == 1 and shown.count("hint:") == 1, shown

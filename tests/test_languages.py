@@ -14,7 +14,7 @@ import pytest
 
 import labtext
 from grader.manifest import REPO, load_manifest
-from grader.report.feedback import check_docs, item
+from grader.report.feedback import item
 
 MANIFEST = load_manifest()
 NOTEBOOK = "from_scratch.ipynb"
@@ -117,7 +117,13 @@ def test_grade_writes_each_feedback_file_in_its_students_language(tmp_path):
     assert chinese("Public checks (the ones your own `check` runs):") in bo
     assert "Public checks" not in bo
     # under each check, what it proves, in the reader's language
-    doc = check_docs("allreduce")["every_tensor_holds_the_sum"]
+    from grader.judge.registry import public_checks
+
+    (doc,) = [
+        c.doc
+        for c in public_checks(MANIFEST.exercise("allreduce"))
+        if c.name == "every_tensor_holds_the_sum"
+    ]
     assert "\n".join(item(" ".join(doc.split()), "  ")) + "\n" in ann
     assert "\n".join(item(" ".join(chinese(doc).split()), "  ")) + "\n" in bo
 
@@ -162,15 +168,18 @@ def test_a_group_that_never_formed_is_known_in_either_language():
 
 
 def test_one_deadlock_is_shown_once_in_either_language():
-    """Two checks stopped by the same deadlock differ only in how long the ranks idled: the
-    report shows the block once and points to it, in Chinese as in English."""
+    """Two checks stopped by the same deadlock differ only in how long the ranks idled, and
+    have one cause: the report shows the block once and points to it, in Chinese as in
+    English."""
     from grader.judge.results import CheckResult, exercise_result
     from grader.report.text import render_exercise
 
     for language, seconds in (("en", ("0.8 s", "0.9 s")), ("zh_CN", ("0.8秒", "0.9秒"))):
         with labtext.speaking(language):
             checks = [
-                CheckResult(name, False, 0.0, 1.0, f"rank 0 idle {s}: waiting in send", "hint")
+                CheckResult(
+                    name, False, 0.0, 1.0, f"rank 0 idle {s}: waiting in send", "hint", cause="x"
+                )
                 for name, s in zip(("first", "second"), seconds, strict=True)
             ]
             text = render_exercise(exercise_result("ring_allreduce", checks))

@@ -14,13 +14,18 @@ class Fail(Exception):
     `see` names another check of the exercise that judges the same cause (a bucket too big
     makes both the bucket size and the count of calls wrong): when that check fails too, this
     one keeps its points and its message says "see ...", so that one mistake is paid once.
-    When that check passes, this is a failure like any other."""
+    When that check passes, this is a failure like any other. `cause`, where given, tells
+    this failure's cause from others' better than its message can (a deadlock's message says
+    how long the ranks idled, which differs from case to case)."""
 
-    def __init__(self, message: str, hint: str | None = None, see: str | None = None) -> None:
+    def __init__(
+        self, message: str, hint: str | None = None, see: str | None = None, cause: str = ""
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.see = see
+        self.cause = cause
 
 
 class Stopped(Fail):

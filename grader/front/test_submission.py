@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+import labtext
 from grader.grading import grade_path
 from grader.judge.registry import hidden_available, hidden_checks, public_checks
 from grader.manifest import REPO, load_manifest
+from grader.report.text import check_said
 from labtext import _
 
 
@@ -63,13 +65,15 @@ def verdicts(request) -> dict:
         hidden_available(load_manifest().exercise(e)) for e in selected
     )
     result = grade_path(_submission(request.config), selected, hidden=hidden)
-    return {(e.name, c.name): c for e in result.exercises for c in e.checks}
+    with labtext.speaking(result.language):
+        return {(e.name, c.name): (c, check_said(c)) for e in result.exercises for c in e.checks}
 
 
 def test_check(verdicts, exercise_id, check_name):
-    verdict = verdicts.get((exercise_id, check_name))
-    if verdict is None:
+    found = verdicts.get((exercise_id, check_name))
+    if found is None:
         pytest.fail(_("{check} was not graded").format(check=check_name), pytrace=False)
+    verdict, said = found
     if not verdict.passed:
         hint = _("hint: {hint}").format(hint=verdict.hint)
-        pytest.fail(f"{verdict.message}\n{hint}", pytrace=False)
+        pytest.fail(f"{said}\n{hint}", pytrace=False)

@@ -2,24 +2,28 @@
 
 from dataclasses import dataclass, field
 
-from labtext import N_
-
-# A check's message, shown as `_(NOT_RUN)` (grader.report.text knows it in every language)
-NOT_RUN = N_("not run: its notebook cannot be checked (see the note above)")
-
 
 @dataclass
 class CheckResult:
-    """The verdict on one check."""
+    """The verdict on one check, its facts as fields: the report makes them text, once, in
+    the reader's language (grader.report.text.check_said)."""
 
     name: str  # the check's function name, which says what it proves
     passed: bool
     points: float  # points earned: all of max_points or none
     max_points: float
-    message: str  # what came back against what was expected ("" when passed, but for a check
-    # that kept its points because another check charges for the same cause)
+    message: str  # what came back against what was expected, in the check's own words ("" when
+    # passed, but for a check that kept its points because another check charges the cause)
     hint: str  # the likely mistake and what to do ("" when passed)
     hidden: bool = False  # hidden checks exist only on the instructor's side
+    not_run: bool = False  # its notebook cannot be checked at all: nothing ran (see the notes)
+    also_failed: list[str] = field(default_factory=list)  # other checks the same error failed
+    # The check that charges for this one's cause (grader.api.Fail's `see`): passed, this one
+    # kept its points; failed, its ranks never finished and it could not judge.
+    kept_for: str = ""
+    cause: str = ""  # what this failure's cause is, to tell one cause from another ("" for
+    # its message): two failures of one cause are shown once
+    doc: str = ""  # what the check proves (its docstring, in English)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from grader.base.outcomes import GROUP_CRASHES
 from grader.base.protocol import CaseOutcome
 from grader.base.values import unpack
 from grader.judge.registry import diagnoser
-from grader.judge.results import NOT_RUN, CheckResult, ExerciseResult, exercise_result
+from grader.judge.results import CheckResult, ExerciseResult, exercise_result
 from grader.load.reference import reference
 from grader.load.submission import Submission
 from grader.manifest import Exercise
@@ -150,8 +150,11 @@ class _Judging:
     function: str
     diagnose: Diagnose
 
-    def failed(self, message: str, hint: str | None, crash: Raised | None = None) -> Verdict:
-        """Return a failed verdict, its message saying where the case held other names right."""
+    def failed(
+        self, message: str, hint: str | None, crash: Raised | None = None, cause: str = ""
+    ) -> Verdict:
+        """Return a failed verdict, its message saying where the case held other names right;
+        `cause` tells its cause from others' ("": its message does)."""
         check = self.check
         # Hints are translated here: a check's own, and the constants the checks modules
         # mark with N_ (one already translated has no msgid, and comes back as it is).
@@ -161,7 +164,15 @@ class _Judging:
                 "the reference solution, so only this function counts there)"
             ).format(message=message, names=", ".join(check.case.holds))
         result = CheckResult(
-            check.name, False, 0.0, check.points, message, _(hint or check.hint), check.hidden
+            check.name,
+            False,
+            0.0,
+            check.points,
+            message,
+            _(hint or check.hint),
+            check.hidden,
+            cause=cause,
+            doc=check.doc,
         )
         return Verdict(result, crash)
 
@@ -223,7 +234,7 @@ class _Judging:
             crash = raised_in(seen)
             if crash is not None:
                 return self.stopped_early(fail, crash)
-            verdict = self.failed(_(fail.message), fail.hint)
+            verdict = self.failed(_(fail.message), fail.hint, cause=fail.cause)
             verdict.see = fail.see
             verdict.stopped = isinstance(fail, Stopped)
             return verdict
@@ -235,7 +246,9 @@ class _Judging:
                 None,
             )
         return Verdict(
-            CheckResult(check.name, True, check.points, check.points, "", "", check.hidden)
+            CheckResult(
+                check.name, True, check.points, check.points, "", "", check.hidden, doc=check.doc
+            )
         )
 
 
@@ -294,10 +307,7 @@ def name_what_a_crash_blocked(verdicts: list[Verdict]) -> None:
     for results in groups.values():
         if len(results) > 1:
             for r in results:
-                others = ", ".join(o.name for o in results if o is not r)
-                r.message = _("{message} (the same error also failed: {checks})").format(
-                    message=r.message, checks=others
-                )  # (report.results)
+                r.also_failed = [o.name for o in results if o is not r]
 
 
 def judge_exercise(
@@ -370,27 +380,20 @@ def paid_once(judged: list[Verdict]) -> None:
             owner = None  # no call finished here nor for the owner: the code did no work
         if owner is not None and v.stopped:  # ranks that never finished show it nothing
             v.observed = False
-            said = v.result.message.splitlines()[0]
-            said = said if len(said) <= 100 else said[:99] + "…"
-            v.result.message = _(
-                "could not judge this: the ranks did not finish ({said}); `{check}` charges "
-                "for that"
-            ).format(said=said, check=owner)
+            v.result.kept_for = owner  # it could not judge: the owner charges for that
         elif owner is not None:
             r = v.result
-            r.passed, r.points, r.hint = True, r.max_points, ""
-            said = r.message.splitlines()[0]
-            said = said if len(said) <= 100 else said[:99] + "…"
-            r.message = _("kept its points: `{check}` charges for the same cause ({said})").format(
-                check=owner, said=said
-            )
+            r.passed, r.points, r.hint, r.kept_for = True, r.max_points, "", owner
 
 
 def not_checked(exercise_id: str, checks: list[Check], problem: str) -> ExerciseResult:
     """Return the result of an exercise whose notebook cannot be checked at all (not a
     notebook, or not the lab's): every check failed without running, and one note that says
     why and what to do."""
-    results = [CheckResult(c.name, False, 0.0, c.points, _(NOT_RUN), "", c.hidden) for c in checks]
+    results = [
+        CheckResult(c.name, False, 0.0, c.points, "", "", c.hidden, not_run=True, doc=c.doc)
+        for c in checks
+    ]
     return exercise_result(exercise_id, results, [problem])
 
 

@@ -36,10 +36,10 @@ def in_rank(call: Callable[[], Any]) -> dict:
 def group_record(done: Launched | LaunchError) -> dict:
     """Return what a launch gave as plain data: {"ranks": [what each returned], "outputs":
     [what each printed]}, or {"failed": why, "kind": "hung", "raised", "limit" or "stopped"
-    (a smaller group had failed), "rank": the rank to blame or None, "finished": the ranks
-    that had returned, "partial": what each of those returned (None for the others),
-    "outputs"}; the kind is "mismatch" for a group that gloo stopped because its ranks'
-    collective calls did not match."""
+    (a smaller group had failed), "cause" (LaunchError.cause), "rank": the rank to blame or
+    None, "finished": the ranks that had returned, "partial": what each of those returned
+    (None for the others), "outputs"}; the kind is "mismatch" for a group that gloo stopped
+    because its ranks' collective calls did not match."""
     outputs = [o[-2000:] for o in done.outputs]
     if isinstance(done, LaunchError):
         kinds = {RanksHung: "hung", RanksTimedOut: "limit", GroupStopped: "stopped"}
@@ -49,6 +49,7 @@ def group_record(done: Launched | LaunchError) -> dict:
         return {
             "failed": str(done)[-3000:],
             "kind": kind,
+            "cause": done.cause,
             "rank": done.rank,
             "finished": done.finished,
             "partial": [done.results.get(r) for r in range(len(done.outputs))],

@@ -43,10 +43,11 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
     if "failed" in group:
         kind = group.get("kind")
         said = _("{label}: {failed}").format(label=label, failed=group["failed"])
+        cause = f"{n}: {group['cause']}" if group.get("cause") else ""
         if kind == "hung" and group.get("finished"):
-            raise Stopped(said)  # the check's own hint names the call
+            raise Stopped(said, cause=cause)  # the check's own hint names the call
         if kind == "hung":
-            raise Stopped(said, DEADLOCK_HINT)
+            raise Stopped(said, DEADLOCK_HINT, cause=cause)
         if kind in ("limit", "stopped"):
             raise Stopped(said)
         if kind == "mismatch":

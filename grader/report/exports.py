@@ -11,6 +11,7 @@ from grader.judge.registry import exercise_points
 from grader.judge.results import SubmissionResult
 from grader.manifest import Manifest
 from grader.report.paths import write_report
+from grader.report.text import check_said
 from labtext import _, speaking
 
 
@@ -38,13 +39,15 @@ def gradescope_results(result: SubmissionResult) -> dict:
     language; hidden checks stay hidden."""
     with speaking(result.language):
         passed, hint = _("passed"), _("hint: {hint}")
+        said = {id(c): check_said(c) for e in result.exercises for c in e.checks}
     tests = []
     for number, exercise in enumerate(result.exercises, start=1):
         for sub, c in enumerate(exercise.checks, start=1):
+            message = said[id(c)]
             output = (
-                (passed + (f"\n{c.message}" if c.message else ""))
+                (passed + (f"\n{message}" if message else ""))
                 if c.passed
-                else f"{c.message}\n" + hint.format(hint=c.hint)
+                else f"{message}\n" + hint.format(hint=c.hint)
             )
             tests.append(
                 {

@@ -8,12 +8,11 @@ notes that loading the notebooks produced."""
 import os
 import re
 from collections.abc import Collection
-from functools import cache
 from pathlib import Path
 
 from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
 from grader.report.paths import write_report
-from grader.report.text import SECONDS, error_alone, not_run
+from grader.report.text import check_said, same_cause
 from labtext import _, speaking
 
 # What Markdown would act on in a line of text, escaped only where it would: a backslash
@@ -105,31 +104,13 @@ def item(text: str, indent: str, prefix: str = "") -> list[str]:
     return [f"{indent}- {first}", *rest]
 
 
-@cache
-def check_docs(exercise_id: str) -> dict[str, str]:
-    """Return what each check of an exercise proves (its docstring), by check name; the hidden
-    checks' too where they are installed ({} for an exercise the manifest does not know)."""
-    from grader.judge.registry import exercise_checks, hidden_available
-    from grader.manifest import load_manifest
-
-    try:
-        exercise = load_manifest().exercise(exercise_id)
-        checks = exercise_checks(exercise, include_hidden=hidden_available(exercise))
-    except (KeyError, ModuleNotFoundError):
-        return {}
-    return {c.name: c.doc for c in checks if c.doc}
-
-
-def what_it_proves(check: CheckResult, docs: dict[str, str]) -> list[str]:
+def what_it_proves(check: CheckResult) -> list[str]:
     """Return the line that says, in the reader's language, what a check proves (none where
     its docstring is unknown)."""
-    doc = docs.get(check.name)
-    return item(" ".join(_(doc).split()), "  ") if doc else []
+    return item(" ".join(_(check.doc).split()), "  ") if check.doc else []
 
 
-def public_check(
-    check: CheckResult, said: dict[str, str], docs: dict[str, str] | None = None
-) -> list[str]:
+def public_check(check: CheckResult, said: dict[str, str]) -> list[str]:
     """Return a public check's lines: verdict and points, what it proves, and what its `check`
     says of it (an error already shown for another check of the exercise is not repeated)."""
     mark = "✓" if check.passed else "✗"
@@ -140,9 +121,9 @@ def public_check(
     else:
         verdict = _("{mark} {name}: failed, {score}/{total} points")
     lines = ["- " + verdict.format(mark=mark, name=name, **points)]
-    lines += what_it_proves(check, docs or {})
-    core = error_alone(check.message)
-    key = SECONDS.sub("N s", core)
+    lines += what_it_proves(check)
+    core = check_said(check, alone=True)
+    key = same_cause(check)
     if not check.passed and key in said:
         return [*lines, "  - " + _("the same as {check} above").format(check=said[key])]
     if core:
@@ -154,12 +135,12 @@ def public_check(
     return lines
 
 
-def hidden_check(check: CheckResult, docs: dict[str, str] | None = None) -> list[str]:
+def hidden_check(check: CheckResult) -> list[str]:
     """Return a hidden check's lines: its name and points, what it proves, nothing it said."""
     points = _("{name}: {score}/{total} points").format(
         name=f"`{check.name}`", score=_points(check.points), total=_points(check.max_points)
     )
-    return [f"- {points}", *what_it_proves(check, docs or {})]
+    return [f"- {points}", *what_it_proves(check)]
 
 
 def exercise_section(exercise: ExerciseResult, title: str = "") -> list[str]:
@@ -170,21 +151,20 @@ def exercise_section(exercise: ExerciseResult, title: str = "") -> list[str]:
     lines = [f"## {heading}", "", _("{score}/{total} points.").format(**score), ""]
     if exercise.notes:
         lines += [line for note in exercise.notes for line in item(note, "")] + [""]
-    if exercise.checks and all(not_run(c.message) for c in exercise.checks):
+    if exercise.checks and all(c.not_run for c in exercise.checks):
         return lines  # the note says why none of its checks ran
-    docs = check_docs(exercise.name)
     public = [c for c in exercise.checks if not c.hidden]
     hidden = [c for c in exercise.checks if c.hidden]
     if public:
         said: dict[str, str] = {}
         lines += [_("Public checks (the ones your own `check` runs):"), ""]
-        lines += [line for c in public for line in public_check(c, said, docs)] + [""]
+        lines += [line for c in public for line in public_check(c, said)] + [""]
     if hidden:
         lines += [
             _("Hidden checks (their inputs stay private, so only the points are shown):"),
             "",
         ]
-        lines += [line for c in hidden for line in hidden_check(c, docs)] + [""]
+        lines += [line for c in hidden for line in hidden_check(c)] + [""]
     return lines
 
 

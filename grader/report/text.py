@@ -1,47 +1,44 @@
 """The results of grading as text (grader.judge.results): an exercise's, a submission's."""
 
-import re
-from functools import cache
-
-from grader.judge.results import NOT_RUN, ExerciseResult, SubmissionResult
-from labtext import LANGUAGES, _, translate
+from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
+from labtext import N_, _
 
 MAX_NOTES = 8
-# What grader.judge.verdicts makes of a failure's message when other checks failed of the same
-# error: the report shows that error once, and says for the others that it is the same.
-ALSO_FAILED = "{message} (the same error also failed: {checks})"
-SECONDS = re.compile(r"(?<![\d.])\d+(\.\d+)?(?: s\b| ?秒)")  # "0.8 s" or "0.8秒"
+# What a check whose notebook cannot be checked at all says (CheckResult.not_run)
+NOT_RUN = N_("not run: its notebook cannot be checked (see the note above)")
+SAID_LENGTH = 100  # of the first line of a failure quoted in a kept check's message
 
 
-@cache
-def _also_failed() -> tuple[re.Pattern, ...]:
-    """Return, for each language, a pattern of a message that ALSO_FAILED was made of."""
-    patterns = []
-    for template in dict.fromkeys(translate(language, ALSO_FAILED) for language in LANGUAGES):
-        pattern = re.escape(template)
-        pattern = pattern.replace(re.escape("{message}"), "(?P<message>.*)", 1)
-        pattern = pattern.replace(re.escape("{checks}"), ".+?", 1)
-        patterns.append(re.compile(pattern, re.S))
-    return tuple(patterns)
+def quoted(message: str) -> str:
+    """Return the first line of `message`, cut to SAID_LENGTH characters."""
+    said = message.splitlines()[0] if message else ""
+    return said if len(said) <= SAID_LENGTH else said[: SAID_LENGTH - 1] + "…"
 
 
-def error_alone(message: str) -> str:
-    """Return a failure's message without what says which other checks the same error failed
-    (in whichever language the message was made)."""
-    for pattern in _also_failed():
-        if found := pattern.fullmatch(message):
-            return found["message"]
-    return message
+def check_said(check: CheckResult, alone: bool = False) -> str:
+    """Return what a check says of itself, made from its facts in the reader's language:
+    its own words, with the checks the same error also failed (not where `alone`: the text
+    report points to the first instead), or why it kept its points or could not judge."""
+    if check.not_run:
+        return _(NOT_RUN)
+    if check.kept_for and check.passed:
+        return _("kept its points: `{check}` charges for the same cause ({said})").format(
+            check=check.kept_for, said=quoted(check.message)
+        )
+    if check.kept_for:
+        return _(
+            "could not judge this: the ranks did not finish ({said}); `{check}` charges for that"
+        ).format(said=quoted(check.message), check=check.kept_for)
+    if check.also_failed and not alone:
+        return _("{message} (the same error also failed: {checks})").format(
+            message=check.message, checks=", ".join(check.also_failed)
+        )
+    return check.message
 
 
-@cache
-def _not_run_said() -> frozenset[str]:
-    return frozenset(translate(lang, NOT_RUN) for lang in LANGUAGES)
-
-
-def not_run(message: str) -> bool:
-    """Return True for the message of a check that did not run (`NOT_RUN`, in any language)."""
-    return message in _not_run_said()
+def same_cause(check: CheckResult) -> str:
+    """Return what tells the cause of a check's failure from others' within an exercise."""
+    return check.cause or check.message
 
 
 def _points(x: float) -> str:
@@ -83,7 +80,7 @@ def render_exercise(result: ExerciseResult, title: str = "", total: float | None
         )
     ]
     lines += [f"  ! {note}" for note in result.notes]
-    if result.checks and all(not_run(c.message) for c in result.checks):
+    if result.checks and all(c.not_run for c in result.checks):
         return "\n".join(lines)  # the note says it all: nothing ran
     width = max((len(c.name) for c in result.checks), default=0)
     earlier: dict[str, str] = {}  # a failure's message (the error alone) -> the check that said it
@@ -93,12 +90,12 @@ def render_exercise(result: ExerciseResult, title: str = "", total: float | None
         if c.hidden:
             points = _("{points} (hidden)").format(points=points)
         lines.append(f"  {mark} {c.name.ljust(width)}  {points}")
-        core = error_alone(c.message)
-        key = SECONDS.sub("N", core)  # (a deadlock's seconds differ from case to case)
+        core = check_said(c, alone=True)
+        key = same_cause(c)
         if not c.passed and key in earlier:  # one error is shown once per exercise
             lines.append("      " + _("the same as {check} above").format(check=earlier[key]))
             continue
-        if c.message:  # a failure, or a check that kept its points for another's sake
+        if core:  # a failure, or a check that kept its points for another's sake
             lines += [f"      {line}" for line in core.strip().splitlines()]
             if not c.passed:
                 earlier[key] = f"`{c.name}`"
