@@ -73,18 +73,24 @@ def read_cells(path: Path) -> list[str]:
 def read_code_cells(path: Path) -> list[tuple[str, str]]:
     """Return (source, label) for each of the notebook's code cells: the label names the cell
     as JupyterLab shows it (see `cell_label`)."""
-    cells = _code_cells(path)
-    return [(source, cell_label(cell, source, n)) for n, (cell, source) in enumerate(cells, 1)]
+    cells = named_cells(path)
+    return [(source, label_of(kind, name, n)) for n, (source, kind, name) in enumerate(cells, 1)]
 
 
-def cell_label(cell: dict, source: str, number: int) -> str:
-    """Name a code cell as a student finds it in JupyterLab, which shows no cell numbers: by
-    its grade id (`allreduce-solution`), else by the function or class it defines, else by
-    its first line; the number only for an empty cell."""
+def named_cells(path: Path) -> list[tuple[str, str, str]]:
+    """Return (source, how it is named, the name) for each of the notebook's code cells (see
+    `cell_parts`)."""
+    return [(source, *cell_parts(cell, source)) for cell, source in _code_cells(path)]
+
+
+def cell_parts(cell: dict, source: str) -> tuple[str, str]:
+    """Return how a student finds a code cell in JupyterLab, which shows no cell numbers, and
+    by what: ("grade id", its grade id), else ("defines", the function or class it defines),
+    else ("first line", its first line); ("empty", "") for an empty cell."""
     metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
     grade_id = (metadata.get("nbgrader") or {}).get("grade_id")
     if isinstance(grade_id, str) and grade_id:
-        return f"`{grade_id}`"
+        return "grade id", grade_id
     try:
         defined = [
             node.name
@@ -94,13 +100,27 @@ def cell_label(cell: dict, source: str, number: int) -> str:
     except SyntaxError:
         defined = []
     if defined:
-        return f"that defines `{defined[0]}`"
+        return "defines", defined[0]
     lines = [line.strip() for line in source.splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith("#")] or lines
     if not lines:
+        return "empty", ""
+    return "first line", lines[0] if len(lines[0]) <= 40 else lines[0][:37] + "..."
+
+
+def label_of(kind: str, name: str, number: int) -> str:
+    """Name a code cell as `cell_parts` found it (`allreduce-solution` in backticks, "that
+    defines `f`", "number 3 (empty)"), in English: a cell's code is named by it."""
+    if kind == "defines":
+        return f"that defines `{name}`"
+    if kind == "empty":
         return f"number {number} (empty)"
-    first = lines[0] if len(lines[0]) <= 40 else lines[0][:37] + "..."
-    return f"`{first}`"
+    return f"`{name}`"
+
+
+def cell_label(cell: dict, source: str, number: int) -> str:
+    """Name a code cell as a student finds it in JupyterLab (see `cell_parts`)."""
+    return label_of(*cell_parts(cell, source), number)
 
 
 def strip_magics(source: str) -> tuple[str, str | None]:

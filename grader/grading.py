@@ -111,7 +111,7 @@ def grade_submission(
         results, notes = _graded(sub, seed, hidden, limits, threads, phases, only_checks, at_once)
     if notes_about is not None:
         notes = [n for n in notes if any(n.about(ex.id, ex.function) for ex in notes_about)]
-    result = submission_result(sub.id, str(sub.path), results, [n.text for n in notes])
+    result = submission_result(sub.id, str(sub.path), results, notes)
     return dataclasses.replace(result, language=sub.language)
 
 
@@ -157,7 +157,7 @@ def _graded(
     notes = [Note("submission", note) for note in sub.notes]
     for name in sorted(set(collected.notes) | set(collected.skip_notes)):
         items = collected.skip_notes.get(name, []) + collected.notes.get(name, [])
-        notes += [dataclasses.replace(item, text=f"{name}: {item.text}") for item in items]
+        notes += [dataclasses.replace(item, notebook=name) for item in items]
     return results, notes
 
 

@@ -215,3 +215,11 @@ def notebook_from_script(script: Path, target: Path) -> Path:
         elif kind == "code":
             cells[-1] += line + "\n"
     return write_notebook(target, *(c.rstrip("\n") for c in cells))
+
+
+def note_texts(submission: dict) -> list[str]:
+    """Return a submission's notes from its JSON report as the report says them: each with
+    its notebook before its text, where it names one."""
+    return [
+        f"{n['notebook']}: {n['text']}" if n["notebook"] else n["text"] for n in submission["notes"]
+    ]

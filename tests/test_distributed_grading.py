@@ -445,7 +445,7 @@ with rank_pools(namespace, "distributed.ipynb") as pool:
         ex = manifest.exercise(exercise_id)
         student = Student(namespace, ex.function, "distributed.ipynb")
         outcomes = run_checks(public_checks(ex), student, ctx)
-        errors = sorted({(o.error["type"], o.error["message"]) for o in outcomes.values()})
+        errors = sorted({(o.error.type, o.error.message) for o in outcomes.values()})
         said[exercise_id] = {"errors": errors, "forks": pool.forks}
 print(json.dumps(said))
 """

@@ -14,7 +14,7 @@ import pytest
 
 from grader.judge.registry import assignment_points, exercise_points
 from grader.manifest import load_manifest
-from tests.conftest import SOLUTIONS, hidden_checks_file, python, write_notebook
+from tests.conftest import SOLUTIONS, hidden_checks_file, note_texts, python, write_notebook
 
 MANIFEST = load_manifest()
 SCRATCH_POINTS = sum(exercise_points(ex) for ex in MANIFEST.in_notebook("from_scratch.ipynb"))
@@ -321,13 +321,13 @@ def test_a_syntax_error_costs_its_cell_only(graded):
     sub = graded["report"]["syntax_error"]
     assert score(sub, "split_batch") == 0
     assert score(sub, "allreduce") == 11 and score(sub, "get_params") == 11
-    assert any("syntax error" in n for n in sub["notes"])
+    assert any("syntax error" in n for n in note_texts(sub))
 
 
 def test_an_exception_at_import_is_noted_and_costs_nothing(graded):
     sub = graded["report"]["exception_at_import"]
     assert scratch_score(sub) == SCRATCH_POINTS
-    assert any("RuntimeError: setting up failed" in n for n in sub["notes"])
+    assert any("RuntimeError: setting up failed" in n for n in note_texts(sub))
 
 
 def test_a_wrong_signature_gets_the_signature_hint(graded):

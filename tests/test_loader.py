@@ -58,7 +58,9 @@ def test_definitions_and_demos_load(seed_like):
 
 def test_a_failing_statement_is_noted_and_loading_goes_on(seed_like):
     failed = [n for n in seed_like.notes if n.kind == "raised"]
-    assert failed[0].cell == "cell `split = nn.parallel.scatter(torch.ara...`"
+    cell = failed[0].cell
+    assert (cell.kind, cell.name) == ("first line", "split = nn.parallel.scatter(torch.ara...")
+    assert cell.in_english() == "cell `split = nn.parallel.scatter(torch.ara...`"
     assert failed[0].text.startswith("cell `split = nn.parallel.scatter(torch.ara...`, line 1")
     assert callable(seed_like.namespace["train"])  # defined in a later cell
 

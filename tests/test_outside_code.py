@@ -17,7 +17,7 @@ import pytest
 
 from dplab.devices import num_gpus
 from grader.manifest import REPO, load_manifest
-from tests.conftest import notebook_from_script, python
+from tests.conftest import note_texts, notebook_from_script, python
 
 MANIFEST = load_manifest()
 OUTSIDE = REPO / "tests" / "outside"
@@ -233,7 +233,7 @@ def test_the_chinese_summary_line_counts_as_the_books(on_stand_ins):
 def test_the_final_training_calls_are_not_run(on_stand_ins):
     for edition in BOOK:
         assert any(
-            "did not run this call of train(...)" in n for n in on_stand_ins[edition]["notes"]
+            "did not run this call of train(...)" in n for n in note_texts(on_stand_ins[edition])
         )
 
 
@@ -241,7 +241,7 @@ def test_launches_at_the_top_level_are_not_run_and_cost_nothing(on_stand_ins):
     """The tutorial-style notebook launches a demo and its training run at the top level: the
     grader runs neither, and notes nothing against them."""
     sub = on_stand_ins["pytorch_tutorial"]
-    assert [n for n in sub["notes"] if "distributed.ipynb" in n] == []
+    assert [n for n in note_texts(sub) if "distributed.ipynb" in n] == []
     assert failed(sub, "pytorch_tutorial") == slipped("pytorch_tutorial")
 
 

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import python, write_notebook
+from tests.conftest import note_texts, python, write_notebook
 
 BOOK_STYLE = [
     "%matplotlib inline\nimport torch\nfrom torch import nn\nfrom torch.nn import functional as F\n"
@@ -117,7 +117,7 @@ def failed(sub, name):
 
 def test_the_final_training_call_is_not_run(graded):
     sub = graded
-    assert any("did not run this call of train(...)" in n for n in sub["notes"])
+    assert any("did not run this call of train(...)" in n for n in note_texts(sub))
     assert sub["id"] == "alice"
 
 
@@ -141,7 +141,7 @@ def test_missing_warm_up_and_notebook_cost_only_their_exercises(graded):
     assert "`try_gpu` is not defined" in exercise(sub, "try_gpu")["checks"][0]["message"]
     assert exercise(sub, "resnet18")["score"] == 0
     assert "concise.ipynb is missing" in exercise(sub, "resnet18")["checks"][0]["message"]
-    assert any("concise.ipynb is missing" in n for n in sub["notes"])
+    assert any("concise.ipynb is missing" in n for n in note_texts(sub))
 
 
 def test_the_books_scatter_works_on_stand_in_devices_too(graded):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from grader.base.limits import Limits
+from grader.base.outcomes import Raised
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class CaseOutcome:
     # (it holds none, or ran with the student's own); None: it never ran (stopped).
     held: bool | None = None
     value: Any = None
-    error: dict | None = None  # grader.base.outcomes.Raised.as_data() of what the case raised
+    error: Raised | None = None  # what the case raised
     printed: str = ""
     seconds: float | None = None  # wall clock
     cpu_seconds: float | None = None
@@ -49,24 +50,47 @@ class CaseOutcome:
 
 
 @dataclass(frozen=True)
+class CellRef:
+    """A code cell, as a student finds it in JupyterLab (dplab.notebook.cell_parts): by its
+    grade id, the function or class it defines, its first line, or, empty, its number; or a
+    cell of code the grader runs, by its number ("code", "reference")."""
+
+    kind: str  # "grade id", "defines", "first line", "empty", "code" or "reference"
+    name: str = ""  # the grade id, the name defined or the first line
+    number: int = 0  # among the code cells, from 1
+
+    def in_english(self) -> str:
+        """Return the cell's name as the code's file name holds it: reports find the
+        student's frames by it (", cell "), and never a reference cell's."""
+        if self.kind in ("code", "reference"):
+            return f"{self.kind} cell {self.number}"
+        from dplab.notebook import label_of  # (where a cell is loaded, dplab is)
+
+        return "cell " + label_of(self.kind, self.name, self.number)
+
+
+@dataclass(frozen=True)
 class Note:
     """What loading or grading a notebook noted, said in the reader's language (`text`), of a
-    kind (NOTE_KINDS), about a code cell where it names one: `cell` is the cell's name as
-    the code's file name holds it, in English ("cell `allreduce-solution`", "cell that
-    defines `allreduce`", "code cell 3": see grader.load.notebook), "" for none."""
+    kind (NOTE_KINDS), about a code cell where it names one (`cell`), in a notebook where it
+    names one (`notebook`: the report says it before the text)."""
 
     kind: str
     text: str
-    cell: str = ""
+    cell: CellRef | None = None
+    notebook: str = ""
 
     def __str__(self) -> str:
-        return self.text
+        return f"{self.notebook}: {self.text}" if self.notebook else self.text
 
     def about(self, exercise_id: str, function: str) -> bool:
         """Return True for a note about a cell of the exercise: its solution or check cell
         (by grade id), or the cell that defines its function."""
-        return self.cell.startswith(f"cell `{exercise_id}-") or (
-            self.cell == f"cell that defines `{function}`"
+        cell = self.cell
+        if cell is None:
+            return False
+        return (cell.kind == "grade id" and cell.name.startswith(f"{exercise_id}-")) or (
+            cell.kind == "defines" and cell.name == function
         )
 
 

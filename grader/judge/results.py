@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from grader.base.protocol import CellRef, Note
+
 
 @dataclass
 class CheckResult:
@@ -46,7 +48,7 @@ class SubmissionResult:
     score: float
     max_score: float
     exercises: list[ExerciseResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what loading the notebooks reported
+    notes: list[Note] = field(default_factory=list)  # what loading the notebooks reported
     seconds: float = 0.0  # wall time of grading it
     fingerprint: str = ""  # of the notebooks, the grader and the options: same means same result
     language: str = "en"  # what its messages (and its feedback file) are written in
@@ -68,11 +70,21 @@ class SubmissionResult:
         return cls(
             **fields,
             exercises=exercises,
-            notes=list(data.get("notes", [])),
+            notes=[note_from_dict(n) for n in data.get("notes", [])],
             seconds=float(data.get("seconds", 0.0)),
             fingerprint=str(data.get("fingerprint", "")),
             language=str(data.get("language", "en")),
         )
+
+
+def note_from_dict(data: dict | str) -> Note:
+    """Rebuild a note read back from a JSON report (one written before notes were typed
+    holds its text alone)."""
+    if isinstance(data, str):
+        return Note("note", data)
+    cell = data.get("cell")
+    ref = CellRef(**cell) if isinstance(cell, dict) else None
+    return Note(data["kind"], data["text"], ref, data.get("notebook", ""))
 
 
 def exercise_result(
@@ -87,7 +99,7 @@ def exercise_result(
 
 
 def submission_result(
-    sub_id: str, path: str, exercises: list[ExerciseResult], notes: list[str]
+    sub_id: str, path: str, exercises: list[ExerciseResult], notes: list[Note]
 ) -> SubmissionResult:
     """Sum the exercises' scores into a submission result."""
     return SubmissionResult(

@@ -24,8 +24,8 @@ MARGIN = 10  # a case may use this many times the reference's processor time
 
 def stopped_for_processor_time(outcome: CaseOutcome) -> bool:
     """Return True for a case stopped because it used up its processor time."""
-    error = outcome.error or {}
-    return error.get("type") == "TimeLimit" or outcome.limit == PROCESSOR_TIME
+    timed_out = outcome.error is not None and outcome.error.type == "TimeLimit"
+    return timed_out or outcome.limit == PROCESSOR_TIME
 
 
 def time_against_the_reference(

@@ -276,7 +276,7 @@ def judge_check(
     if outcome.stopped is not None:  # (said by the supervisor, in the reader's language)
         return judging.failed(with_reference_time(_(outcome.stopped), outcome), LIMIT_HINT)
     if outcome.error is not None:  # the case itself raised: no call of the student's finished
-        verdict = judging.crashed(Raised.from_data(outcome.error), nothing_finished=True)
+        verdict = judging.crashed(outcome.error, nothing_finished=True)
         verdict.result.message = with_reference_time(verdict.result.message, outcome)
         verdict.observed = False
         return verdict

@@ -21,7 +21,6 @@ import importlib.util
 import io
 import json
 import linecache
-import re
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +33,7 @@ from dplab.notebook import (  # (a loader's reading rules are the runtime's)
     NEVER_CALLED,
     calls_any,
     install_d2l_alias,
-    read_code_cells,
+    named_cells,
 )
 from dplab.notebook import (
     NotebookError as NotebookError,
@@ -46,7 +45,7 @@ from dplab.notebook import (
     strip_magics as strip_magics,
 )
 from grader.base.printed import captured
-from grader.base.protocol import Note
+from grader.base.protocol import CellRef, Note
 from grader.base.time_limit import TimeLimit, time_limit
 from labtext import N_, _
 
@@ -89,26 +88,30 @@ def imported_when_used(names: tuple[str, ...] = WHEN_USED) -> Iterator[None]:
         sys.meta_path.remove(finder)
 
 
-# A code cell's name as the code's file name holds it (in English: reports find the student's
-# frames by it), and as a note says it: in the reader's language.
+# A code cell's name as a note says it, in the reader's language (grader.base.protocol.CellRef
+# has it in English, as the code's file name holds it).
 CELL = N_("cell {label}")  # a cell named by its grade id or its first line, in backticks
 CELL_DEFINING = N_("cell that defines {name}")  # a cell named by what it defines
-CELL_NAMES = (
-    (re.compile(r"cell that defines (?P<name>`[^`]+`)"), CELL_DEFINING),
-    (re.compile(r"cell number (?P<number>\d+) \(empty\)"), N_("cell number {number} (empty)")),
-    (re.compile(r"cell (?P<label>`.+`)"), CELL),
-    (re.compile(r"code cell (?P<number>\d+)"), N_("code cell {number}")),
-    (re.compile(r"reference cell (?P<number>\d+)"), N_("reference cell {number}")),
-)
+CELL_NAMES = {
+    "empty": N_("cell number {number} (empty)"),
+    "code": N_("code cell {number}"),
+    "reference": N_("reference cell {number}"),
+}
 
 
-def said_cell(cell: str) -> str:
-    """Return a code cell's name ("cell `allreduce-solution`", "code cell 3": see
-    `load_cells`) in the reader's language."""
-    for pattern, message in CELL_NAMES:
-        if found := pattern.fullmatch(cell):
-            return _(message).format(**found.groupdict())
-    return cell
+def said_cell(cell: CellRef) -> str:
+    """Return a code cell's name (see CellRef) in the reader's language."""
+    if cell.kind == "defines":
+        return _(CELL_DEFINING).format(name=f"`{cell.name}`")
+    if cell.kind in CELL_NAMES:
+        return _(CELL_NAMES[cell.kind]).format(number=cell.number)
+    return _(CELL).format(label=f"`{cell.name}`")
+
+
+def cell_refs(path: Path) -> list[tuple[str, CellRef]]:
+    """Return (source, CellRef) for each of the notebook's code cells."""
+    cells = named_cells(path)
+    return [(source, CellRef(kind, name, n)) for n, (source, kind, name) in enumerate(cells, 1)]
 
 
 @dataclass
@@ -127,7 +130,7 @@ def load_notebook(
     statement_seconds: float | None = None,
     skip_statements: frozenset[tuple[int, int]] = frozenset(),
     before_statement: Callable[[int, int], None] | None = None,
-    label: str = "code cell",
+    kind: str = "code",
 ) -> Loaded:
     """Run the notebook's definitions into a fresh module namespace; see the module docstring.
 
@@ -137,7 +140,7 @@ def load_notebook(
     """
     path = Path(path)
     name = module_name or f"submission_{path.stem.replace('-', '_')}"
-    cells = read_code_cells(path)
+    cells = cell_refs(path)
     return load_cells(
         [source for source, _ in cells],
         path,
@@ -146,8 +149,8 @@ def load_notebook(
         statement_seconds,
         skip_statements,
         before_statement,
-        label,
-        names=[f"cell {cell_label}" for _, cell_label in cells],
+        kind,
+        refs=[ref for _, ref in cells],
     )
 
 
@@ -159,20 +162,20 @@ def load_cells(
     statement_seconds: float | None = None,
     skip_statements: frozenset[tuple[int, int]] = frozenset(),
     before_statement: Callable[[int, int], None] | None = None,
-    label: str = "code cell",
-    names: list[str] | None = None,
+    kind: str = "code",
+    refs: list[CellRef] | None = None,
 ) -> Loaded:
     """Run code cells (their sources, in order) as `load_notebook` runs a notebook's.
 
-    Each cell's code is named `<NOTEBOOK, NAME>`, NAME from `names` (a notebook's cells:
-    "cell `allreduce-solution`", see dplab.notebook.cell_label), else "LABEL N"; reports quote
-    the lines of frames named ", cell ", the student's, and no others.
+    Each cell's code is named `<NOTEBOOK, NAME>`, NAME its CellRef's English name: from
+    `refs` (a notebook's cells: "cell `allreduce-solution`"), else "KIND cell N"; reports
+    quote the lines of frames named ", cell ", the student's, and no others.
     """
     install_d2l_alias()
     with launches_skipped(), imported_when_used():
         return _load_cells(
             cells, path, skip_calls, module_name, statement_seconds, skip_statements,
-            before_statement, names or [f"{label} {n}" for n in range(1, len(cells) + 1)],
+            before_statement, refs or [CellRef(kind, "", n) for n in range(1, len(cells) + 1)],
         )  # fmt: skip
 
 
@@ -184,19 +187,19 @@ def _load_cells(
     statement_seconds: float | None,
     skip_statements: frozenset[tuple[int, int]],
     before_statement: Callable[[int, int], None] | None,
-    names: list[str],
+    refs: list[CellRef],
 ) -> Loaded:
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
     sys.modules[module_name] = module
     loaded = Loaded(path, module.__dict__)
     skip_calls = skip_calls | NEVER_CALLED
-    for number, (raw, cell) in enumerate(zip(cells, names, strict=True), start=1):
+    for number, (raw, cell) in enumerate(zip(cells, refs, strict=True), start=1):
         source, note = strip_magics(raw)
         if note:
             said = _("{cell}: {note}").format(cell=said_cell(cell), note=note)
             loaded.notes.append(Note("magic", said, cell))
-        filename = f"<{path.name}, {cell}>"
+        filename = f"<{path.name}, {cell.in_english()}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             tree = ast.parse(source, filename=filename)
@@ -218,7 +221,7 @@ def _load_cells(
 def _run_statement(
     statement: ast.stmt,
     filename: str,
-    cell: str,
+    cell: CellRef,
     skip_calls: frozenset[str],
     loaded: Loaded,
     seconds: float | None,

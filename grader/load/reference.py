@@ -21,7 +21,6 @@ from grader.manifest import load_manifest, solutions_dir
 from labtext import _
 
 _lock = threading.Lock()
-REFERENCE_CELL = "reference cell"  # not "code cell": reports never quote the reference's lines
 
 
 def available(notebook: str) -> bool:
@@ -43,7 +42,7 @@ def _load(notebook: str) -> dict:
         path,
         manifest.training_functions,
         module_name=f"reference_{Path(notebook).stem}",
-        label=REFERENCE_CELL,
+        kind="reference",  # not "code": reports never quote the reference's lines
     ).namespace
 
 

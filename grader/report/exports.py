@@ -64,7 +64,7 @@ def gradescope_results(result: SubmissionResult) -> dict:
     return {
         "score": result.score,
         "execution_time": round(result.seconds),
-        "output": "\n".join(result.notes),
+        "output": "\n".join(map(str, result.notes)),
         "stdout_visibility": "hidden",
         "tests": tests,
     }

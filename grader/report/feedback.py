@@ -196,7 +196,7 @@ def loading_notes(result: SubmissionResult) -> list[str]:
     """Return the section of notes from loading the notebooks, the grader's paths left out."""
     if not result.notes:
         return []
-    notes = [_without_path(note, result.path) for note in result.notes]
+    notes = [_without_path(str(note), result.path) for note in result.notes]
     lines = ["## " + _("While loading your notebooks"), ""]
     return lines + [line for note in notes for line in item(note, "")] + [""]
 

@@ -83,7 +83,7 @@ def held_cells(channel: Channel, reply_fd: int, nonce: str, exercise: str, names
 
 def run_reference_cells(cells: list[str]) -> dict:
     """Run the reference's `cells` (see held_cells); return the names they define."""
-    loaded = load_cells(cells, Path("reference"), module_name="held", label="reference cell")
+    loaded = load_cells(cells, Path("reference"), module_name="held", kind="reference")
     return loaded.namespace
 
 

@@ -81,7 +81,7 @@ def run_case(
             args = case.arguments(case_ctx) if arguments is None else arguments
             value = pack(case.run(student, case_ctx, **args))
     except (Exception, SystemExit, TimeLimit) as raised:
-        error = Raised.from_exception(raised).as_data()
+        error = Raised.from_exception(raised)
     return CaseOutcome(
         case=case.name,
         held=bool(case.holds) and held is not None,

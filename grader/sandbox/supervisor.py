@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from dplab.notebook import NotebookError, read_code_cells
+from dplab.notebook import NotebookError
 from grader.api import Case, Context
 from grader.base.grading_devices import DEVICES
 from grader.base.limits import Limits
-from grader.base.protocol import CaseOutcome, ChildRequest, Frame, Note, to_plain
-from grader.load.notebook import said_cell
+from grader.base.protocol import CaseOutcome, CellRef, ChildRequest, Frame, Note, to_plain
+from grader.load.notebook import cell_refs, said_cell
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
@@ -67,14 +67,13 @@ from grader.sandbox.watching import (
 from labtext import _, current, default_language
 
 
-def cell_name(path: Path | None, number: int) -> str:
-    """Name code cell `number` of the notebook at `path` as a student finds it (its grade id,
-    or what it defines: dplab.notebook.cell_label), in English, as grader.load.notebook
-    names it."""
+def cell_ref(path: Path | None, number: int) -> CellRef:
+    """Return code cell `number` of the notebook at `path` as a student finds it (its grade
+    id, or what it defines: see grader.base.protocol.CellRef)."""
     try:
-        return f"cell {read_code_cells(path)[number - 1][1]}" if path else f"code cell {number}"
+        return cell_refs(path)[number - 1][1] if path else CellRef("code", "", number)
     except (NotebookError, IndexError):
-        return f"code cell {number}"
+        return CellRef("code", "", number)
 
 
 @dataclass(frozen=True)
@@ -336,11 +335,11 @@ def take_stop(stop: Stop, sub: Submission, loop: Loop, collected: Collected, pla
     match stop.on:
         case OnStatement(notebook, cell, line):  # skip it, and load the notebook again
             collected.skip.setdefault(notebook, []).append([cell, line])
-            name = cell_name(sub.notebooks.get(notebook), cell)
+            ref = cell_ref(sub.notebooks.get(notebook), cell)
             said = _("{cell}, line {line}: skipped, because {reason} while running it").format(
-                cell=said_cell(name), line=line, reason=stop.reason
+                cell=said_cell(ref), line=line, reason=stop.reason
             )
-            collected.skip_notes.setdefault(notebook, []).append(Note("skipped", said, name))
+            collected.skip_notes.setdefault(notebook, []).append(Note("skipped", said, ref))
         case OnNotebook(notebook):  # every exercise left to this loop is in it
             for ex, names in loop.left(collected):
                 if loop.holds_any(ex, names):
