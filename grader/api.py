@@ -101,6 +101,7 @@ from grader.base.inputs import (
     which_replica,
 )
 from grader.base.outcomes import (
+    Attempt,
     Crash,
     Fail,
     MissingFunction,
@@ -175,6 +176,7 @@ __all__ = [
     "Stopped",
     "Unobserved",
     "all_finished",
+    "Attempt",
     "attempt",
     "charged_by",
     "finished",

@@ -192,8 +192,18 @@ def charged_by(check: str) -> Iterator[None]:
         raise
 
 
-def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:
-    """Call the student's `fn`; return {"returned": value} or, if it raised, {"raised": ...}.
+@dataclass
+class Attempt:
+    """One call of the student's function (`attempt`): what it returned, or what it raised;
+    and, for a rank's call, when it ended (time.monotonic)."""
+
+    returned: Any = None
+    raised: Raised | None = None
+    at: float | None = None
+
+
+def attempt(fn: Callable, *args: Any, **kwargs: Any) -> Attempt:
+    """Call the student's `fn`; return what it returned or, if it raised, what it raised.
 
     Unlike a plain call, a crash does not end the case: what the case recorded before it
     is still sent back and judged. The stub (its `raise NotImplementedError`, see `is_stub`)
@@ -201,16 +211,16 @@ def attempt(fn: Callable, *args: Any, **kwargs: Any) -> dict:
     A NotImplementedError from anywhere else (PyTorch's, say) is a crash like any other.
     """
     try:
-        return {"returned": fn(*args, **kwargs), "raised": None}
+        return Attempt(fn(*args, **kwargs))
     except MissingFunction:
         raise
     except (Exception, SystemExit) as error:
         if is_stub(error):
             raise
-        return {"returned": None, "raised": Raised.from_exception(error).as_data()}
+        return Attempt(raised=Raised.from_exception(error))
 
 
-def finished(outcomes: list[dict]) -> list[int]:
+def finished(outcomes: list) -> list[int]:
     """Return the indices of the calls that did not raise; if every call raised, raise Crash.
 
     A check about one property judges the calls that finished, so a crash on one input (a
@@ -221,7 +231,7 @@ def finished(outcomes: list[dict]) -> list[int]:
     return done
 
 
-def all_finished(outcomes: list[dict]) -> None:
+def all_finished(outcomes: list) -> None:
     """Raise Crash with the first call that raised, if any did (saying whether every one did)."""
     crashes = [raised_in(o) for o in outcomes]
     first = next((r for r in crashes if r is not None), None)
@@ -231,15 +241,27 @@ def all_finished(outcomes: list[dict]) -> None:
 
 
 def raised_in(seen: Any) -> Raised | None:
-    """Return the crash recorded by `attempt` in what a case saw, if any."""
-    if isinstance(seen, dict) and isinstance(seen.get("raised"), dict):
-        return Raised.from_data(seen["raised"])
+    """Return the crash recorded in what a case saw, if any: an Attempt's, or that of a
+    case's own record of one (a dict whose "raised" holds it)."""
+    if isinstance(seen, Attempt):
+        return seen.raised
+    if isinstance(seen, dict) and isinstance(seen.get("raised"), Raised):
+        return seen["raised"]
     return None
 
 
-def returned(seen: dict) -> Any:
-    """Return what the call recorded by `attempt` returned, or raise Crash if it raised."""
+def ended_at(seen: Any) -> float:
+    """Return when the call recorded in what a rank saw ended (see raised_in; 0 if unknown)."""
+    at = (
+        seen.at if isinstance(seen, Attempt) else seen.get("at") if isinstance(seen, dict) else None
+    )
+    return float(at) if isinstance(at, int | float) else 0.0
+
+
+def returned(seen: Any) -> Any:
+    """Return what the call recorded in what a case saw returned (an Attempt's, or that of a
+    case's own record of one: its "returned"), or raise Crash if it raised."""
     crash = raised_in(seen)
     if crash is not None:
         raise Crash(crash, every_call=True, calls=1)  # the one call the check needs
-    return seen.get("returned")
+    return seen.returned if isinstance(seen, Attempt) else seen.get("returned")

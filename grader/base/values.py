@@ -14,8 +14,10 @@ import torch
 from torch import Tensor
 
 from dplab.sim import backing
+from grader.base.outcomes import Attempt, Raised
 
 _TENSOR, _DEVICE, _TUPLE, _OTHER = "__tensor__", "__device__", "__tuple__", "__other__"
+_ATTEMPT, _RAISED = "__attempt__", "__raised__"
 MAX_DEPTH = 12
 
 
@@ -84,6 +86,12 @@ def pack(value: Any, depth: int = 0) -> Any:
         return {_TUPLE: [pack(v, depth + 1) for v in value]}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: pack(v, depth + 1) for k, v in value.items()}
+    if type(value) is Raised:
+        return {_RAISED: value.as_data()}
+    if type(value) is Attempt:
+        raised = value.raised.as_data() if value.raised is not None else None
+        at = value.at if isinstance(value.at, float) else None
+        return {_ATTEMPT: [pack(value.returned, depth + 1), raised, at]}
     try:
         text = repr(value)[:200]
     except Exception:
@@ -118,4 +126,10 @@ def unpack(value: Any) -> Any:
     if _OTHER in value:
         type_name, text = (list(value[_OTHER]) + ["?", "?"])[:2]
         return Other(str(type_name), str(text))
+    if _RAISED in value:
+        return Raised.from_data(value[_RAISED]) if isinstance(value[_RAISED], dict) else None
+    if _ATTEMPT in value:
+        returned, raised, at = (list(value[_ATTEMPT]) + [None, None, None])[:3]
+        crash = Raised.from_data(raised) if isinstance(raised, dict) else None
+        return Attempt(unpack(returned), crash, at if isinstance(at, float) else None)
     return {str(k): unpack(v) for k, v in value.items()}

@@ -7,7 +7,7 @@ from typing import Any
 
 from dplab.launched import Launched, LaunchError, RanksHung, RanksTimedOut
 from dplab.rank_watch import LIBRARY_PARTS
-from grader.base.outcomes import MissingFunction, Raised, Stub, attempt, raised_in
+from grader.base.outcomes import Attempt, MissingFunction, Raised, Stub, attempt, raised_in
 from grader.ranks.judging import MISMATCH
 from grader.ranks.launching import GroupStopped, launch_each
 from grader.ranks.loopback import NO_LOOPBACK, loopback_is_up
@@ -21,15 +21,15 @@ WORLD_SIZES = (2, 3, 4)  # every case runs in groups of these sizes
 LIBRARY_PARTS.append(os.path.dirname(os.path.dirname(__file__)) + os.sep)
 
 
-def in_rank(call: Callable[[], Any]) -> dict:
+def in_rank(call: Callable[[], Any]) -> Attempt:
     """In a rank: run the student's `call` through `attempt`, noting when it raised (so that
     the rank that failed first is the one reported). The stub or a missing function is noted
     as such."""
     try:
         outcome = attempt(call)
     except (NotImplementedError, MissingFunction) as error:  # (attempt lets only these by)
-        outcome = {"returned": None, "raised": Raised.from_exception(error).as_data()}
-    outcome["at"] = time.monotonic()
+        outcome = Attempt(raised=Raised.from_exception(error))
+    outcome.at = time.monotonic()
     return outcome
 
 

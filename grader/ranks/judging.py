@@ -2,7 +2,7 @@
 
 from typing import NamedTuple
 
-from grader.base.outcomes import Crash, Fail, Raised, Stopped, raised_in
+from grader.base.outcomes import Crash, Fail, Raised, Stopped, ended_at, raised_in
 from labtext import N_, _
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
@@ -82,7 +82,7 @@ def expect_ranks_finished(group: dict, what: str = "") -> list[dict]:
             )
         )
     if crashed:
-        rank, raised = min(crashed, key=lambda item: float(ranks[item[0]].get("at", 0.0)))
+        rank, raised = min(crashed, key=lambda item: ended_at(ranks[item[0]]))
         message = _("{message} (on rank {rank}, {label})").format(
             message=raised.message, rank=rank, label=label
         )

@@ -47,7 +47,7 @@ def run_on(student, tensors: list[torch.Tensor], devices: list[torch.device]) ->
     data = [t.to(d) for t, d in zip(tensors, devices, strict=True)]
     given = list(data)
     call = attempt(student.fn, data)
-    return {"given": given, "listed": data, "raised": call["raised"]}
+    return {"given": given, "listed": data, "raised": call.raised}
 
 
 def float_lists(seed: int) -> list[list[torch.Tensor]]:

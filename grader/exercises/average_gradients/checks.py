@@ -117,7 +117,8 @@ def gradients_body(student, seed: int, frozen: bool = False, **arguments):
             ],
             "local": local,
             "calls": calls,
-            **outcome,
+            "raised": outcome.raised,
+            "at": outcome.at,
             "returned": None,
         }
 

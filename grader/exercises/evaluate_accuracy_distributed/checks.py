@@ -108,12 +108,17 @@ def accuracy_body(student, seed: int, shape: str):
         batches = shard(seed, shape, rank, world)
         with recording_calls(student.namespace) as calls:
             outcome = in_rank(lambda: student.fn(net, batches, torch.device("cpu")))
-        value = outcome["returned"]
-        outcome["returned"] = {
-            "type": type(value).__name__,
-            "value": float(value) if isinstance(value, int | float | torch.Tensor) else None,
+        value = outcome.returned
+        return {
+            "returned": {
+                "type": type(value).__name__,
+                "value": float(value) if isinstance(value, int | float | torch.Tensor) else None,
+            },
+            "raised": outcome.raised,
+            "at": outcome.at,
+            "modes": net.modes,
+            "calls": [c["name"] for c in calls],
         }
-        return {**outcome, "modes": net.modes, "calls": [c["name"] for c in calls]}
 
     return body
 

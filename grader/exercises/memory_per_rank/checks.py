@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from grader.api import N_, _, attempt, case, check_on, expect, finished, raised_in
+from grader.api import N_, Attempt, _, attempt, case, check_on, expect, finished, raised_in
 
 STAGES = (0, 1, 2, 3)
 SIZES = (1, 2, 3, 4)
@@ -158,12 +158,12 @@ def unknown_stages(student, ctx):
 # ---- judging ------------------------------------------------------------------------------
 
 
-def answer_of(outcome: dict):
+def answer_of(outcome: Attempt):
     """Return what a call returned, or None where it raised or returned something else than a
     number."""
     if raised_in(outcome) is not None:
         return None
-    got = outcome.get("returned")
+    got = outcome.returned
     if isinstance(got, bool) or not isinstance(got, int | float):
         return None
     return got
@@ -233,10 +233,10 @@ def ddp_right_in(seen, kind: str, dtype, sizes) -> bool:
     )
 
 
-def wrong_figure(stage: int, name: str, world: int, outcome: dict, t, chunk) -> str:
+def wrong_figure(stage: int, name: str, world: int, outcome: Attempt, t, chunk) -> str:
     """What a stage's wrong figure is against the table (a sharded stage's with `chunk`)."""
     said = {"stage": _(STAGE_NAMES[stage]), "optimizer": _(name), "n": world,
-            "got": outcome.get("returned")}  # fmt: skip
+            "got": outcome.returned}  # fmt: skip
     if not stage:
         return _(
             "{stage} with {optimizer} over {n} ranks: returned {got}, expected {want} bytes"
@@ -416,7 +416,7 @@ def rejects_a_stage_that_does_not_exist(seen, ctx):
             raised is not None and raised.type == "ValueError",
             _("stage {stage}: {what}").format(
                 stage=stage,
-                what=_("returned {got}").format(got=outcome.get("returned"))
+                what=_("returned {got}").format(got=outcome.returned)
                 if raised is None
                 else _("raised {type}, not ValueError").format(type=raised.type),
             ),

@@ -110,11 +110,11 @@ def half_body(student, seed: int, kind: str, half: str):
                 given = (full.tensor_split(world)[rank].clone(), full.numel())
             with recording_calls(student.namespace) as calls:
                 outcome = in_rank(lambda given=given: student.fn(*given))
-            if outcome["raised"] is not None:
-                return {"records": records, "raised": outcome["raised"], "at": outcome["at"]}
+            if outcome.raised is not None:
+                return {"records": records, "raised": outcome.raised, "at": outcome.at}
             records.append(
                 {
-                    "returned": outcome["returned"],
+                    "returned": outcome.returned,
                     "expected": expected,
                     "calls": calls,
                     "numel": t.numel(),
@@ -355,7 +355,7 @@ def dtype_in_errors(groups: list[dict], dtype: str) -> bool:
     buffer for an 8-byte tensor)."""
     said = [str(g.get("failed", "")) for g in groups]
     said += [
-        str((rank.get("raised") or {}).get("message", ""))
+        str(getattr(rank.get("raised"), "message", ""))
         for g in groups
         for rank in g.get("ranks") or []
         if isinstance(rank, dict)

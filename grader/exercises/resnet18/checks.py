@@ -157,7 +157,8 @@ def ten_classes_one_channel(student, ctx):
     gen = seeded(ctx.seed)
     out = attempt(output_shape, net, (2, 1, 28, 28), gen)
     layout = describe(recorded(net, gen))
-    return {**out, "layout": {**layout, "names": [name for name, _ in net.named_children()]}}
+    names = [name for name, _ in net.named_children()]
+    return {"returned": out.returned, "raised": out.raised, "layout": {**layout, "names": names}}
 
 
 @case

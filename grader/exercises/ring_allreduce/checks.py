@@ -104,8 +104,8 @@ def ring_body(student, seed: int, kind: str):
             given = t.clone()
             with recording_calls(student.namespace) as calls:
                 outcome = in_rank(lambda given=given: student.fn(given))
-            if outcome["raised"] is not None:
-                return {"records": records, "raised": outcome["raised"], "at": outcome["at"]}
+            if outcome.raised is not None:
+                return {"records": records, "raised": outcome.raised, "at": outcome.at}
             records.append({"given": given, "expected": expected, "calls": calls})
         return {"records": records, "raised": None}
 

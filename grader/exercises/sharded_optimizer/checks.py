@@ -22,7 +22,6 @@ from grader.api import (
     N_,
     Crash,
     Fail,
-    Raised,
     _,
     all_reduce,
     apart,
@@ -101,9 +100,9 @@ def training_body(student, seed: int, optimizer: str, frozen: bool = False):
         net = grad_model(seed, frozen)
         params = list(net.parameters())
         made = in_rank(lambda: student.fn(net.parameters(), cls, **settings))
-        if made["raised"] is not None:
-            return {"raised": made["raised"], "at": made["at"], "steps": 0}
-        opt = made["returned"]
+        if made.raised is not None:
+            return {"raised": made.raised, "at": made.at, "steps": 0}
+        opt = made.returned
         for step in range(STEPS):
             X, y = global_batch(seed + step)
             X, y = X.tensor_split(world)[rank], y.tensor_split(world)[rank]
@@ -115,8 +114,8 @@ def training_body(student, seed: int, optimizer: str, frozen: bool = False):
                     all_reduce(p.grad)
                     p.grad /= world
             stepped = in_rank(opt.step)
-            if stepped["raised"] is not None:
-                return {"raised": stepped["raised"], "at": stepped["at"], "steps": step}
+            if stepped.raised is not None:
+                return {"raised": stepped.raised, "at": stepped.at, "steps": step}
         weights = [p.detach().clone() for p in params]
         state = state_values(opt)
         cleared = in_rank(opt.zero_grad)
@@ -124,7 +123,7 @@ def training_body(student, seed: int, optimizer: str, frozen: bool = False):
             "raised": None,
             "weights": weights,
             "state": state,
-            "zeroed": cleared["raised"],
+            "zeroed": cleared.raised,
             "grads_after": [None if p.grad is None else bool(p.grad.any()) for p in params],
         }
 
@@ -324,7 +323,7 @@ def zero_grad_clears_the_gradients(seen, ctx):
         for n, ranks in groups_finished(groups):
             for rank, result in enumerate(ranks):
                 if result["zeroed"] is not None:
-                    raise Crash(Raised.from_data(result["zeroed"]), every_call=True, calls=1)
+                    raise Crash(result["zeroed"], every_call=True, calls=1)
                 left = [i for i, g in enumerate(result["grads_after"]) if g]
                 expect(
                     not left,

@@ -180,7 +180,7 @@ def shard_sizes_follow_torch_chunk(seen, ctx):
     # A batch the code refuses (as MXNet's even split does) has no sizes: the error is
     # charged here, and the other checks judge the batches that were split.
     for i in finished(seen):
-        (rows, k), result = UNEVEN[i], seen[i]["returned"]
+        (rows, k), result = UNEVEN[i], seen[i].returned
         xs, _ys = pair_of(result)
         expect_sizes([x.shape[0] if x.shape else 0 for x in xs], rows, k)
     all_finished(seen)
@@ -196,7 +196,7 @@ def shards_keep_the_row_order(seen, ctx):
     Property: the rows' order; a relation: the shards put back together against the batch."""
     # Rows left out, the rest in order (shards of the wrong sizes), are the sizes' cause.
     for i in finished(seen):
-        (rows, k), result = UNEVEN[i], seen[i]["returned"]
+        (rows, k), result = UNEVEN[i], seen[i].returned
         xs, _ys = shards_seen(result)
         joined = torch.cat([x.value for x in xs]) if xs else torch.empty(0, 1, 2, 2)
         order = joined[:, 0, 0, 0].long().tolist() if joined.dim() == 4 else []
@@ -218,7 +218,7 @@ def labels_stay_with_their_examples(seen, ctx):
     """Shard i of y holds the labels of the rows in shard i of X.
     Property: labels stay with their examples; a relation: y's shards against X's."""
     for i in finished(seen):
-        (rows, k), result = UNEVEN[i], seen[i]["returned"]
+        (rows, k), result = UNEVEN[i], seen[i].returned
         xs, ys = shards_seen(result)
         expect(
             len(ys) == len(xs),
@@ -244,7 +244,7 @@ def shards_land_on_their_devices(seen, ctx):
     """Shard i of X and of y is on devices[i].
     Property: where the shards are; against the reference (devices[i])."""
     for i in finished(seen):
-        (rows, k), result = UNEVEN[i], seen[i]["returned"]
+        (rows, k), result = UNEVEN[i], seen[i].returned
         xs, ys = shards_seen(result)
         wanted = [str(d) for d in cycle(ctx.devices, k)][: len(xs)]
         for name, shards in (("X", xs), ("y", ys)):

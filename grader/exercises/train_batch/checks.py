@@ -77,7 +77,7 @@ def one_step(student, ctx, n: int, k: int) -> dict:
     fn = student.fn
     with student.replaced(lenet=lenet):
         call = attempt(fn, X, y, replicas, devices, LR)
-    return {"replicas": replicas, "forwards": forwards, "raised": call["raised"]}
+    return {"replicas": replicas, "forwards": forwards, "raised": call.raised}
 
 
 @case(holds=HELD)

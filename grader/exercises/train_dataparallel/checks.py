@@ -162,8 +162,8 @@ class TrainingRecord:
     def seen(self, call: dict) -> dict:
         """Return what the checks judge of a run that ended with `call` (see `attempt`)."""
         return {
-            "raised": call["raised"],
-            "returned": call["returned"],
+            "raised": call.raised,
+            "returned": call.returned,
             "devices": [str(d) for d in self.devices],
             "wraps": self.wraps,
             "started_on": self.started[0] if self.started else None,

@@ -88,14 +88,21 @@ def training_body(student, seed: int, num_epochs: int, batch_size: int, lr: floa
                 outcome = in_rank(lambda: student.fn(net, num_epochs, batch_size, lr, data=data))
         finally:
             run.close()
-        history = outcome["returned"]
-        outcome["returned"] = (
+        history = outcome.returned
+        accuracies = (
             [float(a) for a in history]
             if isinstance(history, list | tuple)
             and all(isinstance(a, int | float | torch.Tensor) for a in history)
             else {"type": type(history).__name__}
         )
-        return {**outcome, "log": run.log, "first": run.first, "final": state(net)}
+        return {
+            "returned": accuracies,
+            "raised": outcome.raised,
+            "at": outcome.at,
+            "log": run.log,
+            "first": run.first,
+            "final": state(net),
+        }
 
     return body
 

@@ -121,7 +121,12 @@ def recorded_run(student, ctx, num_epochs: int, num_devices: int) -> dict:
             data=data,
             devices=devices,
         )
-    return {**call, "log": log, "printed": printed.getvalue()}
+    return {
+        "returned": call.returned,
+        "raised": call.raised,
+        "log": log,
+        "printed": printed.getvalue(),
+    }
 
 
 def steps(seen: dict) -> list[str]:
@@ -206,7 +211,7 @@ def learns_on_the_sample(student, ctx):
             devices=ctx.devices[:2],
         )
     trained = last[0][0] if last and len(last[0]) else None
-    return {"raised": call["raised"], "last_replica": list(trained) if trained else None}
+    return {"raised": call.raised, "last_replica": list(trained) if trained else None}
 
 
 @check_on(

@@ -1,9 +1,9 @@
 """Public checks of `try_gpu(i=0)`: GPU `i` when it exists, otherwise the CPU."""
 
-from grader.api import _, attempt, case, check_on, expect, pretend_gpus, returned
+from grader.api import Attempt, _, attempt, case, check_on, expect, pretend_gpus, returned
 
 
-def expect_devices(calls: list[dict], wanted: list[str], setting: str, asked: str) -> None:
+def expect_devices(calls: list[Attempt], wanted: list[str], setting: str, asked: str) -> None:
     """Fail unless the calls returned these devices, as torch.device objects."""
     got = [returned(c) for c in calls]  # a call that raised fails this check, not the others
     expect(
@@ -19,11 +19,11 @@ def expect_devices(calls: list[dict], wanted: list[str], setting: str, asked: st
         )
 
 
-def describe(call: dict) -> dict:
+def describe(call: Attempt) -> Attempt:
     """Keep what a call returned as its type and name, so any object can be sent back."""
-    if call["raised"] is None:
-        value = call["returned"]
-        call["returned"] = {"kind": type(value).__name__, "device": str(value)}
+    if call.raised is None:
+        value = call.returned
+        call.returned = {"kind": type(value).__name__, "device": str(value)}
     return call
 
 

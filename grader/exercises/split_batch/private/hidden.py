@@ -54,7 +54,7 @@ def matches_the_reference_on_random_batches(seen, ctx):
                 ),
                 see="shard_sizes_follow_torch_chunk",
             )
-        xs, ys = pair_of(call["returned"])
+        xs, ys = pair_of(call.returned)
         sizes = [x.shape[0] if x.shape else 0 for x in xs]
         expect_sizes(sizes, len(X), k, see="shard_sizes_follow_torch_chunk")
         want_x, want_y = ctx.reference["split_batch"](X, y, [torch.device("cpu")] * k)

@@ -17,6 +17,6 @@ def returns_cpu_on_a_machine_without_gpus(seen, ctx):
             seen, ["cpu", "cpu", "cpu"], _("no GPU"), "try_gpu(0), try_gpu(1), try_gpu()"
         )
     except Fail as fail:  # the slip: a GPU given that is not there
-        if any((c["returned"] or {}).get("device", "").startswith("cuda") for c in seen):
+        if any((c.returned or {}).get("device", "").startswith("cuda") for c in seen):
             fail.see = "returns_cpu_when_gpu_i_is_missing"
         raise
