@@ -4,8 +4,8 @@
     exercise_checks       grader.judge.registry: the checks of each exercise (hidden too)
     run_isolated          grader.sandbox.supervisor: the cases, in fenced children
     time_against_the_reference
-                          grader.judge.timing: cases stopped for time, against the reference
-    judge_reported        grader.judge.verdicts: a verdict per check, in this process
+                          grader.sandbox.retiming: cases stopped for time, against the reference
+    judge_reported        here, with grader.judge.verdicts: a verdict per check, in this process
     submission_result     grader.report.text: points, hints and notes
 
 Student code runs only in the children; this process sends them the cases and their inputs,
@@ -22,21 +22,31 @@ from pathlib import Path
 
 import labtext
 from grader import pace
-from grader.base.grading_devices import DEVICES
+from grader.api import Check, Context
+from grader.base.grading_devices import DEVICES, grading_devices
 from grader.base.limits import Limits
 from grader.base.protocol import Note
-from grader.judge.registry import exercise_checks, narrowed
-from grader.judge.results import ExerciseResult, SubmissionResult, submission_result
-from grader.judge.timing import time_against_the_reference
-from grader.judge.verdicts import judge_reported, not_checked
+from grader.base.results import ExerciseResult, SubmissionResult, submission_result
+from grader.judge.registry import diagnoser, exercise_checks, narrowed
+from grader.judge.verdicts import judge_exercise, not_checked
 from grader.load.reference import available, reference
 from grader.load.submission import Submission, find_submission, unfit_by_notebook
 from grader.manifest import Exercise, load_manifest
-from grader.sandbox.collected import Phases
-from grader.sandbox.starting import stop_all_children
+from grader.sandbox.collected import Collected, Phases
+from grader.sandbox.retiming import time_against_the_reference
+from grader.sandbox.scheduler import in_threads
+from grader.sandbox.starting import children_fence, stop_all_children
 from grader.sandbox.supervisor import run_isolated
+from labtext import _
 
-__all__ = ["DEVICES", "Limits", "grade_path", "grade_submission", "stop_all_children"]
+__all__ = [
+    "DEVICES",
+    "Limits",
+    "Phases",
+    "grade_path",
+    "grade_submission",
+    "stop_all_children",
+]
 
 
 def submission_seed(sub_id: str, seed: int) -> int:
@@ -161,6 +171,37 @@ def _graded(
     return results, notes
 
 
+def judge_reported(
+    ex: Exercise,
+    checks: list[Check],
+    sub: Submission,
+    collected: Collected,
+    seed: int,
+    hidden: bool,
+) -> ExerciseResult:
+    """Judge one exercise of a submission from what its children reported."""
+    outcomes = dict(collected.outcomes.get(ex.id, {}))
+    missing = ""
+    if ex.notebook not in sub.notebooks:
+        missing = _("{notebook} is missing from the submission").format(notebook=ex.notebook)
+    elif ex.id in collected.stopped:
+        missing = _(collected.stopped[ex.id])
+    elif collected.changed.get(ex.id):
+        names = ", ".join(collected.changed[ex.id][:4])
+        outcomes = {}
+        missing = _(
+            "the submission changed the grader's own code or torch ({names}), so "
+            "this exercise's results cannot be trusted"
+        ).format(names=names)
+    elif ex.id not in collected.outcomes:
+        missing = _("{notebook} could not be loaded: {notes}").format(
+            notebook=ex.notebook,
+            notes="; ".join(n.text for n in collected.notes.get(ex.notebook, [])),
+        )
+    ctx = Context(seed, grading_devices(DEVICES), reference(ex.notebook) if hidden else None)
+    return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)
+
+
 def select_exercises(sub: Submission, exercises: list[str] | None) -> Submission:
     """Keep only the given exercise ids (all when None)."""
     if exercises:
@@ -173,3 +214,16 @@ def grade_path(path: str | Path, exercises: list[str] | None = None, **options) 
     """Find the submission at `path`, keep only `exercises` (ids) if given, and grade it."""
     sub = select_exercises(find_submission(path, load_manifest()), exercises)
     return grade_submission(sub, **options)
+
+
+def sandbox_said() -> str:
+    """Say how the children are fenced: the fork server's fence where the fast path lends
+    one, else this process's (grader.sandbox.fence)."""
+    return children_fence(pace.chosen().fork_server()).described()
+
+
+def class_side_by_side(fn: Callable, items: list, jobs: int):
+    """Run `fn` on each item in threads, `jobs` at a time, and one more while the cores sit
+    idle where the fast path says so (up to twice `jobs`); yield each call's future as it
+    finishes, with how many still run (grader.sandbox.scheduler.in_threads)."""
+    return in_threads(fn, items, pace.chosen().room(jobs, 2 * jobs), 2 * jobs)

@@ -12,15 +12,15 @@ from dplab import sim
 from dplab.devices import remove_cuda_shims
 from grader.api import Context, Student
 from grader.base.grading_devices import grading_devices
+from grader.base.results import ExerciseResult
 from grader.grading import DEVICES, grade_path
 from grader.judge.registry import diagnoser, exercise_checks, narrowed
-from grader.judge.results import ExerciseResult
 from grader.judge.verdicts import Verdict, judge_exercise, judge_verdicts
 from grader.load.notebook import load_notebook, read_cells
 from grader.load.reference import reference
+from grader.load.runner import run_checks
 from grader.manifest import REPO, Exercise, load_manifest
 from grader.ranks.apart import autograd_threads_started
-from grader.sandbox.runner import run_checks
 from tests import durations, skips
 from tests.skips import (  # noqa: F401  pytest's hooks: mendable skips fail on CI
     pytest_runtest_makereport,

@@ -14,9 +14,9 @@ import time
 import jsonschema
 import pytest
 
-from grader.front.grade_class import Outputs, Progress, grade_class
+from grader.base.results import SubmissionResult
+from grader.class_grading import Outputs, Progress, grade_class
 from grader.judge.registry import assignment_points, exercise_points
-from grader.judge.results import SubmissionResult
 from grader.load.submission import Submission
 from grader.manifest import REPO, load_manifest
 from grader.report.exports import summary_table
@@ -220,7 +220,7 @@ def test_progress_redraws_one_line_on_a_terminal():
 
 
 def test_summary_table_of_no_submissions():
-    assert summary_table([], MANIFEST) == "no submissions"
+    assert summary_table([], MANIFEST, {}) == "no submissions"
 
 
 def test_grade_reports_its_sandbox(exported):
@@ -243,7 +243,7 @@ def test_spare_cores_say_idle_only_for_a_long_enough_idle_look(monkeypatch):
 def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, tmp_path):
     """--jobs N runs N submissions at a time, and up to twice N while the cores sit idle (a
     submission waiting for a deadlock verdict, say); busy cores get no more."""
-    import grader.front.grade_class as grade_class_module
+    import grader.class_grading as grade_class_module
 
     running, most = [0], [0]
     lock = threading.Lock()
@@ -279,7 +279,7 @@ def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, 
 def test_the_last_submissions_of_a_class_get_the_cores_the_others_leave(monkeypatch, tmp_path):
     """With --jobs 2, a submission grades its notebooks on its share of the cores while
     another is graded or waits; the last one left, on all of them."""
-    import grader.front.grade_class as grade_class_module
+    import grader.class_grading as grade_class_module
     from grader.grading import notebooks_at_once
 
     shares: dict[str, list[int]] = {}

@@ -214,7 +214,7 @@ def test_a_deadlocked_ring_fails_clearly_and_costs_only_the_ring(distributed_cla
 def test_one_deadlock_met_by_several_cases_is_one_cause_shown_once(distributed_class):
     """Each case of the ring deadlocks on its own, and its message says how long its ranks
     idled: the checks' `cause` is one, and the text report shows the deadlock once."""
-    from grader.judge.results import SubmissionResult
+    from grader.base.results import SubmissionResult
     from grader.report.text import render_exercise
 
     result = SubmissionResult.from_dict(distributed_class["report"]["sends_first"])
@@ -346,7 +346,7 @@ from grader.judge.verdicts import judge_exercise
 from grader.load.notebook import load_notebook
 from grader.manifest import REPO, load_manifest
 from grader.ranks.pools import rank_pools
-from grader.sandbox.runner import run_checks
+from grader.load.runner import run_checks
 
 manifest = load_manifest()
 path = REPO / FOLDER / manifest.assignment / "distributed.ipynb"

@@ -151,9 +151,9 @@ def test_a_helper_child_takes_cases_from_the_far_end_and_the_verdicts_stay_the_s
 def test_shares_give_each_case_to_the_loop_that_takes_it_first():
     """Cases are told apart by exercise too: both exercises here have a `book_demo`."""
     from grader.judge.registry import exercise_checks
+    from grader.load.runner import unique_cases
     from grader.sandbox.collected import Collected
     from grader.sandbox.fast.sharing import SharedLoops
-    from grader.sandbox.runner import unique_cases
 
     found = {
         e: unique_cases(exercise_checks(MANIFEST.exercise(e), include_hidden=False))
@@ -183,9 +183,9 @@ def test_shares_give_each_case_to_the_loop_that_takes_it_first():
 def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_others():
     """train_ddp's ranks stop at its end: a helper that began with it would fork twice."""
     from grader.judge.registry import exercise_checks
+    from grader.load.runner import unique_cases
     from grader.sandbox.collected import Collected
     from grader.sandbox.fast.sharing import SharedLoops
-    from grader.sandbox.runner import unique_cases
     from grader.sandbox.supervisor import holds_in_ranks
 
     ids = ("evaluate_accuracy_distributed", "train_ddp", "train_loop")

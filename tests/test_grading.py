@@ -271,7 +271,7 @@ def test_the_report_reads_facts_from_fields_never_from_a_message():
     """A check's words are shown as they are: what it looks like (a not-run check, another
     check's "also failed", another language's) tells the report nothing; its fields do."""
     import labtext
-    from grader.judge.results import CheckResult, exercise_result
+    from grader.base.results import CheckResult, exercise_result
     from grader.report.text import NOT_RUN, check_said, render_exercise
 
     for language in labtext.LANGUAGES:
@@ -300,7 +300,7 @@ def test_the_report_reads_facts_from_fields_never_from_a_message():
 def test_an_error_is_shown_once_per_exercise():
     """Checks that one error failed show it once; the others point to it (issue 31). Two
     failures of one deadlock say different seconds: their `cause` tells them one."""
-    from grader.judge.results import CheckResult, exercise_result
+    from grader.base.results import CheckResult, exercise_result
     from grader.report.text import render_exercise
 
     def failed(name: str, seconds: str) -> CheckResult:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.front.grade_class import expand
+from grader.class_grading import expand
 from grader.judge.registry import assignment_points
 from grader.load.submission import SET_ASIDE, set_aside_beside
 from grader.manifest import load_manifest

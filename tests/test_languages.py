@@ -171,7 +171,7 @@ def test_one_deadlock_is_shown_once_in_either_language():
     """Two checks stopped by the same deadlock differ only in how long the ranks idled, and
     have one cause: the report shows the block once and points to it, in Chinese as in
     English."""
-    from grader.judge.results import CheckResult, exercise_result
+    from grader.base.results import CheckResult, exercise_result
     from grader.report.text import render_exercise
 
     for language, seconds in (("en", ("0.8 s", "0.9 s")), ("zh_CN", ("0.8秒", "0.9秒"))):

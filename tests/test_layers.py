@@ -33,7 +33,7 @@ LAYERS = {
     "judge": ("grader.judge.*",),
     "report": ("grader.report.*",),
     # One submission graded, as a pipeline of the steps above.
-    "pipeline": ("grader.grading", "grader.pace"),
+    "pipeline": ("grader.grading", "grader.class_grading", "grader.pace"),
     # The authors' tools, which the command line offers: the mistake catalogue's table, the
     # translations' catalogues and notebooks.
     "authoring": ("grader.tools.*",),
@@ -233,6 +233,30 @@ def test_the_plain_sandbox_reaches_the_fast_path_through_one_interface(graph):
         if "FAST.get()" in path.read_text(encoding="utf-8")
     )
     assert readers == ["grader/pace.py"]
+
+
+# What the pipeline alone joins: a front end reaches the sandbox through grader.grading (or
+# grader.class_grading), the judge judges what it is given without the sandbox's types, and
+# the report writes the verdicts (grader.base.results) without the judge.
+KEPT_APART = (
+    ("grader.front", "grader.sandbox"),
+    ("grader.judge", "grader.sandbox"),
+    ("grader.report", "grader.judge"),
+)
+
+
+def test_the_pipeline_owns_the_route(graph):
+    """One walk goes front -> pipeline -> load -> sandbox -> judge -> report: no front end
+    enters the sandbox, no judge reads the sandbox, no report reads the judge."""
+    wrong = [
+        f"{name} imports {other}"
+        for name, found in sorted(graph.items())
+        for upper, lower in KEPT_APART
+        if name == upper or name.startswith(upper + ".")
+        for other in sorted(found)
+        if other == lower or other.startswith(lower + ".")
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_plain_sandbox_reads_alone_in_about_2300_lines():

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from grader.base.results import ExerciseResult
 from grader.exercises.catalogue import variant
 from grader.exercises.train_dataparallel.private import mistakes as train_dataparallel
 from grader.grading import grade_path
-from grader.judge.results import ExerciseResult
 from grader.load.notebook import read_cells
 from grader.manifest import load_manifest
 from tests.conftest import SOLUTIONS, grade_source, write_notebook

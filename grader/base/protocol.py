@@ -35,7 +35,7 @@ class CaseOutcome:
     cpu_seconds: float | None = None
     # Set by the grader, never by the child: why it stopped the case (in the reader's
     # language), the limit that did ("" for none), and the reference's processor time on
-    # the same case where the grader timed it (grader.judge.timing).
+    # the same case where the grader timed it (grader.sandbox.retiming).
     stopped: str | None = None
     limit: str = ""
     reference_cpu: float | None = None

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from grader import pace, settings
+from grader.base.results import SubmissionResult
+from grader.class_grading import Outputs, expand, grade_class
 from grader.exercises.catalogue import mistakes_of
-from grader.front.grade_class import Outputs, expand, grade_class
 from grader.judge.registry import exercise_points
-from grader.judge.results import SubmissionResult
 from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
 from grader.report.exports import summary_table
 from grader.sandbox.collected import Phases
@@ -170,7 +170,9 @@ def report(
     results: list[SubmissionResult], seconds: float, jobs: int, phases: Phases, manifest: Manifest
 ) -> None:
     """Print the class's summary, its time by kind of submission and by phase."""
-    print(summary_table(results, manifest))
+    print(
+        summary_table(results, manifest, {ex.id: exercise_points(ex) for ex in manifest.exercises})
+    )
     print(
         f"\n{len(results)} submissions graded with --jobs {jobs} in {seconds:.1f} s: "
         f"{seconds / len(results):.1f} s per submission"

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import TextIO
 
 import labtext
-from grader import pace
 from grader.base.limits import OPTIONS, Limits
-from grader.front.grade_class import Outputs, expand, grade_class, one_slice
-from grader.grading import grade_submission, load_for_judging, select_exercises
+from grader.class_grading import Outputs, expand, grade_class, one_slice
+from grader.grading import grade_submission, load_for_judging, sandbox_said, select_exercises
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Manifest, load_manifest
@@ -18,7 +17,6 @@ from grader.report.exports import GradebookError, check_nbgrader_gradebook, summ
 from grader.report.feedback import FeedbackError
 from grader.report.paths import ReportPathError, is_stdout, stdout_kept_for_reports
 from grader.report.text import render_submission
-from grader.sandbox.starting import children_fence
 from labtext import _
 
 
@@ -300,10 +298,9 @@ def grade_into(args: argparse.Namespace, manifest: Manifest, outputs: Outputs) -
     terminal = sys.stderr if outputs.to_stdout() else sys.stdout
     if graded_here:  # what judging needs, loaded while the fork server may still be importing
         load_for_judging(graded_here[0], references=not args.public_only)
-    fence = children_fence(pace.chosen().fork_server())
     print(
         _("grading {count} submission(s), {jobs} at a time; sandbox: {sandbox}").format(
-            count=len(graded_here), jobs=args.jobs, sandbox=fence.described()
+            count=len(graded_here), jobs=args.jobs, sandbox=sandbox_said()
         ),
         file=terminal,
         flush=True,
@@ -338,7 +335,8 @@ def say(results: list, manifest: Manifest, terminal: TextIO) -> None:
     for r in results:
         print(f"{r.id}: {r.score:g}/{r.max_score:g}", file=terminal)
     print(file=terminal)
-    print(summary_table(results, manifest), file=terminal)
+    points = {ex.id: exercise_points(ex) for ex in manifest.exercises}
+    print(summary_table(results, manifest, points), file=terminal)
 
 
 def run_merge(args: argparse.Namespace) -> int:

@@ -17,13 +17,13 @@ from grader import settings
 from grader.api import Context, Student
 from grader.base.grading_devices import DEVICES, grading_devices
 from grader.base.protocol import CaseOutcome
+from grader.base.results import CheckResult, exercise_result
 from grader.judge.registry import diagnoser, exercise_total, hidden_checks, public_checks
-from grader.judge.results import CheckResult, exercise_result
 from grader.judge.verdicts import judge_exercise
 from grader.load.reference import reference_if_available
+from grader.load.runner import run_checks
 from grader.manifest import Exercise, load_manifest
 from grader.report.text import render_exercise
-from grader.sandbox.runner import run_checks
 from labtext import _
 
 _public: dict[str, tuple[object, dict]] = {}  # each exercise's function and public outcomes

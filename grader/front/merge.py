@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grader.judge.results import SubmissionResult
+from grader.base.results import SubmissionResult
 from labtext import _
 
 

@@ -5,17 +5,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.api import Check, Context, Crash, Fail, Raised, Stopped, Unobserved, raised_in
-from grader.base.grading_devices import DEVICES, grading_devices
 from grader.base.outcomes import GROUP_CRASHES
 from grader.base.protocol import CaseOutcome
+from grader.base.results import CheckResult, ExerciseResult, exercise_result
 from grader.base.values import unpack
-from grader.judge.registry import diagnoser
-from grader.judge.results import CheckResult, ExerciseResult, exercise_result
-from grader.load.reference import reference
-from grader.load.submission import Submission
-from grader.manifest import Exercise
 from grader.ranks.judging import mismatch_hint
-from grader.sandbox.collected import Collected
 from labtext import N_, _
 
 Diagnose = Callable[[Raised], str | None]
@@ -395,34 +389,3 @@ def not_checked(exercise_id: str, checks: list[Check], problem: str) -> Exercise
         for c in checks
     ]
     return exercise_result(exercise_id, results, [problem])
-
-
-def judge_reported(
-    ex: Exercise,
-    checks: list[Check],
-    sub: Submission,
-    collected: Collected,
-    seed: int,
-    hidden: bool,
-) -> ExerciseResult:
-    """Judge one exercise of a submission from what its children reported."""
-    outcomes = dict(collected.outcomes.get(ex.id, {}))
-    missing = ""
-    if ex.notebook not in sub.notebooks:
-        missing = _("{notebook} is missing from the submission").format(notebook=ex.notebook)
-    elif ex.id in collected.stopped:
-        missing = _(collected.stopped[ex.id])
-    elif collected.changed.get(ex.id):
-        names = ", ".join(collected.changed[ex.id][:4])
-        outcomes = {}
-        missing = _(
-            "the submission changed the grader's own code or torch ({names}), so "
-            "this exercise's results cannot be trusted"
-        ).format(names=names)
-    elif ex.id not in collected.outcomes:
-        missing = _("{notebook} could not be loaded: {notes}").format(
-            notebook=ex.notebook,
-            notes="; ".join(n.text for n in collected.notes.get(ex.notebook, [])),
-        )
-    ctx = Context(seed, grading_devices(DEVICES), reference(ex.notebook) if hidden else None)
-    return judge_exercise(ex.id, ex.function, checks, outcomes, ctx, diagnoser(ex), missing=missing)

@@ -1,3 +1,3 @@
-"""Load: find a submission, its notebooks, and the reference solutions, and run a notebook's
-definitions without its training. Imports the vocabulary below it (manifest, base), dplab and
-labtext."""
+"""Load: find a submission, its notebooks, and the reference solutions; run a notebook's
+definitions without its training, and a case on the student's functions (runner.py). Imports
+the vocabulary below it (api, manifest, base), dplab and labtext."""

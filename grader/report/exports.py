@@ -7,8 +7,7 @@ import json
 import unicodedata
 from pathlib import Path
 
-from grader.judge.registry import exercise_points
-from grader.judge.results import SubmissionResult
+from grader.base.results import SubmissionResult
 from grader.manifest import Manifest
 from grader.report.paths import write_report
 from grader.report.text import check_said
@@ -77,8 +76,11 @@ def write_gradescope(result: SubmissionResult, folder: Path) -> Path:
     return path
 
 
-def summary_table(results: list[SubmissionResult], manifest: Manifest) -> str:
-    """Return, per exercise, the mean score and how many submissions got full marks."""
+def summary_table(
+    results: list[SubmissionResult], manifest: Manifest, points: dict[str, float]
+) -> str:
+    """Return, per exercise, the mean score and how many submissions got full marks (of
+    `points`, what each exercise is worth)."""
     if not results:
         return _("no submissions")
     rows = [(_("exercise"), _("mean"), _("max"), _("full marks"))]
@@ -86,12 +88,12 @@ def summary_table(results: list[SubmissionResult], manifest: Manifest) -> str:
     for ex in manifest.exercises:
         scores = [e.score for r in results for e in r.exercises if e.name == ex.id]
         if scores:
-            full = sum(s == exercise_points(ex) for s in scores)
+            full = sum(s == points[ex.id] for s in scores)
             rows.append(
                 (
                     ex.id,
                     f"{sum(scores) / len(scores):.1f}",
-                    f"{exercise_points(ex):g}",
+                    f"{points[ex.id]:g}",
                     f"{full}/{len(scores)}",
                 )
             )

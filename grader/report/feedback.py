@@ -10,7 +10,7 @@ import re
 from collections.abc import Collection
 from pathlib import Path
 
-from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
+from grader.base.results import CheckResult, ExerciseResult, SubmissionResult
 from grader.report.paths import write_report
 from grader.report.text import check_said, same_cause
 from labtext import _, speaking

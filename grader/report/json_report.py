@@ -4,7 +4,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from grader.judge.results import SubmissionResult
+from grader.base.results import SubmissionResult
 from grader.report.paths import readable_report, write_report
 
 

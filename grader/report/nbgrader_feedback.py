@@ -22,7 +22,7 @@ import html
 import os
 from pathlib import Path
 
-from grader.judge.results import SubmissionResult
+from grader.base.results import SubmissionResult
 from grader.manifest import Manifest
 from grader.report.feedback import feedback_markdown, feedback_title
 from grader.report.paths import write_report

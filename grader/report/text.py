@@ -1,6 +1,6 @@
-"""The results of grading as text (grader.judge.results): an exercise's, a submission's."""
+"""The results of grading as text (grader.base.results): an exercise's, a submission's."""
 
-from grader.judge.results import CheckResult, ExerciseResult, SubmissionResult
+from grader.base.results import CheckResult, ExerciseResult, SubmissionResult
 from labtext import N_, _
 
 MAX_NOTES = 8

@@ -46,11 +46,11 @@ from grader.base.protocol import (
 )
 from grader.base.tampering import Snapshot, watched_objects
 from grader.load.notebook import NotebookError, load_cells, load_notebook
+from grader.load.runner import run_case
 from grader.manifest import Exercise, load_manifest
 from grader.ranks.pools import rank_pools, reference_in_ranks
 from grader.sandbox.audit import install_audit_hook
 from grader.sandbox.frames import Channel, read_reply
-from grader.sandbox.runner import run_case
 from labtext import _
 
 

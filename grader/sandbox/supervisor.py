@@ -38,6 +38,7 @@ from grader.base.grading_devices import DEVICES
 from grader.base.limits import Limits
 from grader.base.protocol import CaseOutcome, CellRef, ChildRequest, Frame, Note, to_plain
 from grader.load.notebook import cell_refs, said_cell
+from grader.load.runner import unique_cases
 from grader.load.submission import Submission
 from grader.manifest import load_manifest
 from grader.sandbox.collected import (
@@ -51,7 +52,6 @@ from grader.sandbox.collected import (
 )
 from grader.sandbox.fence import private_paths
 from grader.sandbox.frames import FrameReader
-from grader.sandbox.runner import unique_cases
 from grader.sandbox.scheduler import in_threads
 from grader.sandbox.speedups import PLAIN, Loop, Speedups
 from grader.sandbox.starting import Child, forget, start_child, track
@@ -349,7 +349,9 @@ def take_stop(stop: Stop, sub: Submission, loop: Loop, collected: Collected, pla
             if loop.helper:
                 return False
         case OnCase(exercise, case):  # the case gets the reason; the exercise goes on
-            limit = PROCESSOR_TIME if stop.limit == PROCESSOR_TIME else ""  # (grader.judge.timing)
+            limit = (
+                PROCESSOR_TIME if stop.limit == PROCESSOR_TIME else ""
+            )  # (grader.sandbox.retiming)
             stopped = CaseOutcome(case, stopped=stop.reason, limit=limit)
             collected.outcomes.setdefault(exercise, {})[case] = stopped
         case OnExercise(exercise):

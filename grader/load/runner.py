@@ -1,7 +1,8 @@
 """Run an exercise's cases against the student's code and record what happened.
 
-This is the only part of the grader that calls student code. `python -m grader.sandbox.child`
-uses it in a separate process; the notebook's `check()` uses it in the kernel itself.
+With the loader (notebook.py), this is the only part of the grader that calls student code.
+`python -m grader.sandbox.child` uses it in a fenced process; the notebook's `check()` uses
+it in the kernel itself (feedback, not a grade).
 """
 
 import contextlib
