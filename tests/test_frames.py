@@ -8,15 +8,17 @@ import struct
 import pytest
 import torch
 
+from grader.base.outcomes import Raised
 from grader.base.protocol import (
     REPLIES,
     CaseDone,
     CaseOutcome,
+    CellRef,
     ExerciseDone,
     Go,
     HeldCells,
-    Loaded,
     Note,
+    NotebookLoaded,
     from_plain,
     to_plain,
 )
@@ -140,9 +142,11 @@ def test_a_frame_that_is_not_a_message_of_the_protocol_breaks_the_channel(frame)
 
 
 def test_messages_come_back_as_the_dataclasses_they_were():
-    outcome = CaseOutcome("c", held=False, error={"type": "ValueError"}, seconds=1, limit="x")
+    error = Raised("ValueError", "no", "", "")
+    outcome = CaseOutcome("c", held=False, error=error, seconds=1, limit="x")
+    note = Note("raised", "cell `x`, line 1: raised", CellRef("first line", "x", 2), "a.ipynb")
     for message in (
-        Loaded("a.ipynb", [Note("raised", "cell `x`, line 1: raised", "cell `x`")], seconds=0.5),
+        NotebookLoaded("a.ipynb", [note], seconds=0.5),
         ExerciseDone("allreduce", ["d2l"], "a.ipynb could not be loaded"),
         CaseDone("allreduce", "c", outcome),
     ):
