@@ -32,7 +32,7 @@ def test_a_student_sees_each_failing_check_with_its_hint():
     )
     assert proc.returncode == 1
     assert (
-        "FAILED grader/front/test_submission.py::test_check[allreduce::book_demo_gives_threes"
+        "FAILED grader/front/pytest_view.py::test_check[allreduce::book_demo_gives_threes"
         in proc.stdout
     )
     assert "hint: Replace `raise NotImplementedError` in `allreduce`" in proc.stdout
