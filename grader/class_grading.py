@@ -17,18 +17,19 @@
 """
 
 import contextlib
+import dataclasses
 import hashlib
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from grader.base.results import SubmissionResult
 from grader.grading import (
-    Limits,
-    Phases,
+    GradeOptions,
     class_side_by_side,
     default_threads,
     grade_submission,
@@ -189,6 +190,19 @@ def kept_and_todo(
     return results, todo
 
 
+@dataclass(frozen=True)
+class ClassOptions:
+    """How a class is graded: each submission as `grading` says, `jobs` at a time; every one
+    again where `regrade`, else only those whose fingerprint changed; only `exercises`
+    (ids) where given; only the slice `shard` (index, count) of the class where given."""
+
+    grading: GradeOptions = GradeOptions()
+    jobs: int = 1
+    regrade: bool = False
+    exercises: list[str] | None = None
+    shard: tuple[int, int] | None = None
+
+
 class ClassRun:
     """The submissions of one `grade_class` call being graded side by side: those left to
     grade, the results so far, and what the grading threads share."""
@@ -198,12 +212,14 @@ class ClassRun:
         subs: list[Submission],
         todo: list[tuple[Submission, str]],
         results: dict[str, SubmissionResult],
-        jobs: int,
-        grading: dict,
+        options: ClassOptions,
     ) -> None:
-        self.subs, self.todo, self.results, self.jobs = subs, todo, results, jobs
-        self.grading = grading  # grade_submission's seed, hidden, limits and phases
-        self.threads = default_threads(jobs)
+        self.subs, self.todo, self.results, self.jobs = subs, todo, results, options.jobs
+        # each submission's options: its children's threads and notebooks at once are the
+        # class's to say (see notebooks_at_once)
+        self.grading = dataclasses.replace(
+            options.grading, threads=default_threads(options.jobs), at_once=self.notebooks_at_once
+        )
         self.ended = 0  # submissions graded so far in this run
         self.counting = threading.Lock()
 
@@ -223,12 +239,7 @@ class ClassRun:
         sub, mark = job
         began = time.monotonic()
         try:
-            result = grade_submission(
-                sub,
-                **self.grading,
-                threads=self.threads,
-                at_once=self.notebooks_at_once,
-            )
+            result = grade_submission(sub, self.grading)
         finally:
             with self.counting:
                 self.ended += 1
@@ -260,27 +271,17 @@ class ClassRun:
 def grade_class(
     subs: list[Submission],
     outputs: Outputs,
-    jobs: int = 1,
-    seed: int = 0,
-    hidden: bool = True,
-    limits: Limits | None = None,
-    regrade: bool = False,
-    exercises: list[str] | None = None,
+    options: ClassOptions = ClassOptions(),
     progress: Callable[[int, int, SubmissionResult | None], None] | None = None,
-    phases: Phases | None = None,
-    shard: tuple[int, int] | None = None,
 ) -> list[SubmissionResult]:
-    """Grade every submission (see the module docstring), or the slice `shard` (index, count)
-    of them, and return the results in order (adding the time each phase took to `phases`,
-    if given)."""
-    limits = limits or Limits()
-    options = {"seed": seed, "hidden": hidden, "limits": repr(limits)}
-    outputs.run = run_record(subs, options, exercises, shard)
-    if shard:
-        subs = one_slice(subs, *shard)
-    subs = [select_exercises(sub, exercises) for sub in subs]
+    """Grade every submission as `options` say (see the module docstring), and return the
+    results in order; `progress(done, running, last)` is told of each (a bar by default)."""
+    fingerprinted = options.grading.fingerprinted()
+    outputs.run = run_record(subs, fingerprinted, options.exercises, options.shard)
+    if options.shard:
+        subs = one_slice(subs, *options.shard)
+    subs = [select_exercises(sub, options.exercises) for sub in subs]
     previous = {r.id: r for r in read_json(outputs.json)} if outputs.json else {}
-    results, todo = kept_and_todo(subs, previous, options, regrade)
+    results, todo = kept_and_todo(subs, previous, fingerprinted, options.regrade)
     show = progress or Progress(len(subs)).show
-    grading = {"seed": seed, "hidden": hidden, "limits": limits, "phases": phases}
-    return ClassRun(subs, todo, results, jobs, grading).run(outputs, show)
+    return ClassRun(subs, todo, results, options).run(outputs, show)

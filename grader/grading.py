@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import labtext
@@ -41,6 +42,7 @@ from labtext import _
 
 __all__ = [
     "DEVICES",
+    "GradeOptions",
     "Limits",
     "Phases",
     "grade_path",
@@ -100,47 +102,46 @@ def load_for_judging(sub: Submission, references: bool = True) -> None:
     threading.Thread(target=load, daemon=True).start()
 
 
-def grade_submission(
-    sub: Submission,
-    seed: int = 0,
-    hidden: bool = True,
-    limits: Limits | None = None,
-    threads: int | None = None,
-    phases: Phases | None = None,
-    only_checks: set[str] | None = None,
-    at_once: int | Callable[[], int] | None = None,
-    notes_about: list[Exercise] | None = None,
-) -> SubmissionResult:
-    """Grade one submission end to end and return its result (adding the time each phase
-    took to `phases`, if given). `only_checks` keeps the checks of these names (and those
-    they come after), and runs only their cases. `at_once` notebooks are graded at once
-    (a number, or a function that says it now; by default, as many as there are cores).
-    `notes_about` keeps only the notes about those exercises' cells (a student's check of
-    one exercise). Its messages are in the submission's language (`sub.language`)."""
+@dataclass(frozen=True)
+class GradeOptions:
+    """Every setting one grade takes, carried whole from the front end through the pipeline."""
+
+    seed: int = 0
+    hidden: bool = True  # the instructor's side: hidden checks, and timing against the reference
+    limits: Limits = field(default_factory=Limits)
+    threads: int | None = None  # of each child (None: default_threads())
+    phases: Phases | None = None  # where the time each phase took is added
+    # Keep the checks of these names (and those they come after), and run only their cases.
+    only_checks: frozenset[str] | None = None
+    # Notebooks graded at once: a number, or a function that says it now (None: the cores).
+    at_once: int | Callable[[], int] | None = None
+    # Keep only the notes about these exercises' cells (a student's check of one exercise).
+    notes_about: tuple[Exercise, ...] | None = None
+
+    def fingerprinted(self) -> dict:
+        """Return the settings a result depends on, as a class's report records them."""
+        return {"seed": self.seed, "hidden": self.hidden, "limits": repr(self.limits)}
+
+
+def grade_submission(sub: Submission, options: GradeOptions = GradeOptions()) -> SubmissionResult:
+    """Grade one submission end to end, as `options` say, and return its result. Its messages
+    are in the submission's language (`sub.language`)."""
     with labtext.speaking(sub.language):
-        results, notes = _graded(sub, seed, hidden, limits, threads, phases, only_checks, at_once)
-    if notes_about is not None:
-        notes = [n for n in notes if any(n.about(ex.id, ex.function) for ex in notes_about)]
+        results, notes = _graded(sub, options)
+    if options.notes_about is not None:
+        about = options.notes_about
+        notes = [n for n in notes if any(n.about(ex.id, ex.function) for ex in about)]
     result = submission_result(sub.id, str(sub.path), results, notes)
     return dataclasses.replace(result, language=sub.language)
 
 
-def _graded(
-    sub: Submission,
-    seed: int,
-    hidden: bool,
-    limits: Limits | None,
-    threads: int | None,
-    phases: Phases | None,
-    only_checks: set[str] | None,
-    at_once: int | Callable[[], int] | None,
-) -> tuple[list[ExerciseResult], list[Note]]:
+def _graded(sub: Submission, options: GradeOptions) -> tuple[list[ExerciseResult], list[Note]]:
     """Return the exercises' results, and the notes of the submission and its notebooks."""
-    sub_seed = submission_seed(sub.id, seed)
-    limits = limits or Limits()
-    threads = threads or default_threads()
+    sub_seed = submission_seed(sub.id, options.seed)
+    limits, hidden, phases = options.limits, options.hidden, options.phases
+    threads = options.threads or default_threads()
     checks = {
-        ex.id: narrowed(exercise_checks(ex, include_hidden=hidden), only_checks)
+        ex.id: narrowed(exercise_checks(ex, include_hidden=hidden), options.only_checks)
         for ex in sub.exercises
     }
     # A file that is not a notebook, or not the lab's, is said once per exercise, not
@@ -150,7 +151,7 @@ def _graded(
                 sub.notebooks.get(ex.notebook) in unfit}  # fmt: skip
     fit = dataclasses.replace(sub, exercises=[e for e in sub.exercises if e.id not in problems])
     load_for_judging(fit, references=hidden)  # what the judging needs, while the children run
-    at_once = at_once or notebooks_at_once()
+    at_once = options.at_once or notebooks_at_once()
     fit_checks = {ex.id: checks[ex.id] for ex in fit.exercises}
     lent = pace.chosen()
     collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once, lent)
@@ -211,9 +212,10 @@ def select_exercises(sub: Submission, exercises: list[str] | None) -> Submission
 
 
 def grade_path(path: str | Path, exercises: list[str] | None = None, **options) -> SubmissionResult:
-    """Find the submission at `path`, keep only `exercises` (ids) if given, and grade it."""
+    """Find the submission at `path`, keep only `exercises` (ids) if given, and grade it with
+    the GradeOptions that `options` name."""
     sub = select_exercises(find_submission(path, load_manifest()), exercises)
-    return grade_submission(sub, **options)
+    return grade_submission(sub, GradeOptions(**options))
 
 
 def sandbox_said() -> str:

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from grader.base.results import SubmissionResult
-from grader.class_grading import Outputs, Progress, grade_class
+from grader.class_grading import ClassOptions, Outputs, Progress, grade_class
 from grader.judge.registry import assignment_points, exercise_points
 from grader.load.submission import Submission
 from grader.manifest import REPO, load_manifest
@@ -248,7 +248,7 @@ def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, 
     running, most = [0], [0]
     lock = threading.Lock()
 
-    def grade_submission(sub, **options):
+    def grade_submission(sub, options):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
@@ -271,7 +271,8 @@ def test_a_class_grades_more_at_once_only_while_the_cores_sit_idle(monkeypatch, 
     for idle, expected in ((False, 2), (True, 4)):
         monkeypatch.setattr(spare_cores, "spare_cores", lambda idle=idle: Spare(idle))
         most[0] = 0
-        results = grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
+        options = ClassOptions(jobs=2, regrade=True)
+        results = grade_class(subs, Outputs(), options, progress=lambda *a: None)
         assert [r.id for r in results] == [s.id for s in subs]
         assert most[0] == expected
 
@@ -284,15 +285,15 @@ def test_the_last_submissions_of_a_class_get_the_cores_the_others_leave(monkeypa
 
     shares: dict[str, list[int]] = {}
 
-    def grade_submission(sub, at_once, **options):
-        shares[sub.id] = [at_once()]
+    def grade_submission(sub, options):
+        shares[sub.id] = [options.at_once()]
         time.sleep({"s0": 0.1, "s1": 1.0, "s2": 2.0}[sub.id])  # s2 starts as s0 ends
-        shares[sub.id].append(at_once())
+        shares[sub.id].append(options.at_once())
         return SubmissionResult(sub.id, str(sub.path), 1.0, 1.0)
 
     monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)
     subs = [Submission(f"s{i}", tmp_path, {}, []) for i in range(3)]
-    grade_class(subs, Outputs(), jobs=2, regrade=True, progress=lambda *a: None)
+    grade_class(subs, Outputs(), ClassOptions(jobs=2, regrade=True), progress=lambda *a: None)
     shared, alone = notebooks_at_once(2), notebooks_at_once(1)
     assert shares["s0"] == [shared, shared] and shares["s1"][0] == shared
     assert shares["s2"] == [shared, alone]  # s1 ended while s2 ran

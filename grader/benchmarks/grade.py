@@ -28,8 +28,9 @@ from pathlib import Path
 
 from grader import pace, settings
 from grader.base.results import SubmissionResult
-from grader.class_grading import Outputs, expand, grade_class
+from grader.class_grading import ClassOptions, Outputs, expand, grade_class
 from grader.exercises.catalogue import mistakes_of
+from grader.grading import GradeOptions
 from grader.judge.registry import exercise_points
 from grader.manifest import REPO, Manifest, exercises_dir, load_manifest
 from grader.report.exports import summary_table
@@ -155,14 +156,8 @@ def time_class(
     subs = expand([root / "submitted"], manifest)
     pace.chosen().fork_server()  # started once per run, as `grade` does
     started = time.monotonic()
-    results = grade_class(
-        subs,
-        Outputs(json=root / "results.json"),
-        jobs=jobs,
-        regrade=True,
-        progress=lambda *a: None,
-        phases=phases,
-    )
+    options = ClassOptions(GradeOptions(phases=phases), jobs=jobs, regrade=True)
+    results = grade_class(subs, Outputs(json=root / "results.json"), options, lambda *a: None)
     return results, time.monotonic() - started
 
 

@@ -8,8 +8,14 @@ from typing import TextIO
 
 import labtext
 from grader.base.limits import OPTIONS, Limits
-from grader.class_grading import Outputs, expand, grade_class, one_slice
-from grader.grading import grade_submission, load_for_judging, sandbox_said, select_exercises
+from grader.class_grading import ClassOptions, Outputs, expand, grade_class, one_slice
+from grader.grading import (
+    GradeOptions,
+    grade_submission,
+    load_for_judging,
+    sandbox_said,
+    select_exercises,
+)
 from grader.judge.registry import HiddenChecksUnavailable, exercise_points, exercise_total
 from grader.load.submission import find_submission, unfit_notebooks
 from grader.manifest import Manifest, load_manifest
@@ -266,8 +272,9 @@ def run_check(args: argparse.Namespace) -> int:
                 print(_("error: {error}").format(error=problem), file=sys.stderr)
             return 2
         # Notes about other exercises' cells are not the question of a student who chose one.
-        chosen = [manifest.exercise(e) for e in args.exercise] if args.exercise else None
-        result = grade_submission(sub, hidden=False, limits=limits_of(args), notes_about=chosen)
+        chosen = tuple(manifest.exercise(e) for e in args.exercise) if args.exercise else None
+        options = GradeOptions(hidden=False, limits=limits_of(args), notes_about=chosen)
+        result = grade_submission(sub, options)
         titles = {ex.id: ex.title for ex in manifest.exercises}
         totals = {ex.id: exercise_total(ex) for ex in manifest.exercises}
         print(render_submission(result, titles, totals))
@@ -305,17 +312,9 @@ def grade_into(args: argparse.Namespace, manifest: Manifest, outputs: Outputs) -
         file=terminal,
         flush=True,
     )
-    results = grade_class(
-        subs,
-        outputs,
-        jobs=args.jobs,
-        seed=args.seed,
-        hidden=not args.public_only,
-        limits=limits_of(args),
-        regrade=args.regrade,
-        exercises=args.exercise,
-        shard=args.shard,
-    )
+    grading = GradeOptions(seed=args.seed, hidden=not args.public_only, limits=limits_of(args))
+    run = ClassOptions(grading, args.jobs, args.regrade, args.exercise, args.shard)
+    results = grade_class(subs, outputs, run)
     say(results, manifest, terminal)
     for written, where in (
         (_("report written to {path}"), args.json),

@@ -94,7 +94,7 @@ def nothing_to_grade(message: str) -> dict:
 
 def run(submission: Path, results: Path, metadata: Path | None = None, seed: int = 0) -> int:
     """Grade the files in `submission`; write Gradescope's results.json to `results`."""
-    from grader.grading import grade_submission
+    from grader.grading import GradeOptions, grade_submission
     from grader.load.submission import find_submission
     from grader.report.exports import gradescope_results
     from grader.report.paths import write_report
@@ -126,7 +126,7 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
     sub.id = student_of(metadata)
     # One notebook at a time: Gradescope's half a core gains nothing from more, and each
     # notebook's children side by side would hold their memory at once.
-    result = grade_submission(sub, seed=seed, hidden=True, at_once=1)
+    result = grade_submission(sub, GradeOptions(seed=seed, hidden=True, at_once=1))
     write_report(results, json.dumps(gradescope_results(result), indent=2) + "\n")
     print(f"{result.id}: {result.score:g}/{result.max_score:g}")
     return 0
