@@ -64,8 +64,8 @@ def account(hub, name: str) -> str:
 
 def processes(account: str) -> dict[int, str]:
     """The processes of `account` that run (not those ended and not yet reaped): their
-    command lines."""
-    listed = subprocess.run(["ps", "-u", account, "-o", "pid=,stat=,args="],
+    command lines, whole (without -ww, ps cuts them at 80 columns)."""
+    listed = subprocess.run(["ps", "-ww", "-u", account, "-o", "pid=,stat=,args="],
                             capture_output=True, text=True)  # fmt: skip
     found = {}
     for line in listed.stdout.splitlines():
