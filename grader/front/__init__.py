@@ -1,2 +1,3 @@
-"""Ways into the grader: the command line, a class, the kernel's `check`, Gradescope, merge,
-the warm server and the pytest plugin. They may import every layer below them."""
+"""Ways into the grader: the command line, the kernel's `check`, Gradescope, merge, the warm
+server's commands and the pytest view. They reach the sandbox through the pipeline alone
+(grader.grading, grader.class_grading, grader.pace), and may import the other layers below."""

@@ -1,2 +1,3 @@
-"""Judge: the checks of each exercise, and their verdicts on what the child reported. Imports
-the exercises' checks, the vocabulary and what the sandbox collected, never student code."""
+"""Judge: the checks of each exercise, and their verdicts on the outcomes the pipeline hands
+it. Imports the exercises' checks, load and the vocabulary; nothing of the sandbox, and
+never student code."""

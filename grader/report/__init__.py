@@ -1,2 +1,3 @@
-"""Report: results per check and exercise, and the files they are written to (JSON, CSV,
-Gradescope, the gradebook, text). Imports the judge's results and labtext."""
+"""Report: the verdicts (grader.base.results) made text once, in the reader's language, and
+the files they are written to (JSON, CSV, Gradescope, the gradebook, feedback). Imports the
+base, the manifest and labtext; nothing of the judge."""

@@ -1,8 +1,7 @@
-"""The fast path, beside the plain sandbox: what only makes grading quicker. It lends the
-plain sandbox what grader.sandbox.speedups declares (`FAST`), which the pipeline passes
-in (grader.pace); inside, the fork server (forkserver.py) and the client of the warm
-server (warm_client.py). Imports the plain sandbox and below. Nothing imports it where
-`GRADER_FAST=off`, and every verdict stays the same (tests/test_fast_path.py).
+"""The fast path, beside the plain sandbox: what only makes grading quicker, lent to it as
+grader.sandbox.speedups declares (`FAST`, passed in by grader.pace): the fork server and its
+preload, helper loops and idle cores (sharing.py), and the warm server. Imports the plain
+sandbox and below; nothing imports it where `GRADER_FAST=off` (tests/test_fast_path.py).
 """
 
 from grader import settings
