@@ -249,11 +249,11 @@ def run_isolated(
         for nb, found in in_notebook.items()
     }
     loops = speedups.loops(by_notebook, last)
+    case = {(ex, c.name): c for ex, found in cases.items() for c in found}
+    job = LoopJob(sub, case, seed, limits, threads, collected, speedups)
 
     def run(item: tuple[str, Loop]) -> None:
-        notebook, loop = item
-        job = NotebookJob(sub, cases, seed, limits, threads, collected, speedups)
-        run_loop(job, loop)
+        run_loop(job, item[1])
 
     items = [(nb, loops.first(nb, collected)) for nb in notebooks]
     most = 2 * len(notebooks)
@@ -263,12 +263,12 @@ def run_isolated(
 
 
 @dataclass(frozen=True)
-class NotebookJob:
-    """What a notebook's loops of children share: the submission, every exercise's cases
-    (by exercise id), and how they run, adding what the children report to `collected`."""
+class LoopJob:
+    """What a submission's loops of children share: the submission, every case (by exercise
+    id and case name), and how they run, adding what the children report to `collected`."""
 
     sub: Submission
-    cases: dict[str, list[Case]]
+    cases: dict[tuple[str, str], Case]
     seed: int
     limits: Limits
     threads: int
@@ -276,18 +276,17 @@ class NotebookJob:
     speedups: Speedups
 
 
-def run_loop(job: NotebookJob, loop: Loop) -> None:
+def run_loop(job: LoopJob, loop: Loop) -> None:
     """Run the cases left to `loop` in fenced children, restarting after a child stops early.
     One child at a time per loop: each notebook's exercises start from a process that has run
     no other notebook's code (whose autograd threads, for one, would stop the distributed
     exercises from forking their ranks)."""
     base = Context(job.seed)
     manifest = load_manifest()
-    case = {(ex, c.name): c for ex, found in job.cases.items() for c in found}
     collected = job.collected
 
     def planned(exercise: str, name: str) -> tuple[str, Case, dict]:
-        found = case[exercise, name]
+        found = job.cases[exercise, name]
         return name, found, found.arguments(base.for_case(name))
 
     todo = loop.left(collected)

@@ -14,7 +14,7 @@ from grader.sandbox.fast import spare_cores
 class Shares:
     """Which loop of children has taken each case of one notebook's exercises.
 
-    A notebook's cases run one after another in a loop of children (`run_notebook`): a child
+    A notebook's cases run one after another in a loop of children (`run_loop`): a child
     takes (claims) each case just before it runs it. Once every notebook has started, a core
     left free (its notebook done, or the others waiting on deadlocked ranks) goes to a helper:
     another loop on the same notebook, which takes the last case nobody has taken and works
@@ -27,9 +27,8 @@ class Shares:
     one would fork its ranks twice, while a loop that ends with it forks them once."""
 
     def __init__(self, cases: dict[str, list[Case]], last: frozenset[str] = frozenset()) -> None:
-        # exercise id -> its case names, both in the notebook's order; and each case by both
+        # exercise id -> its case names, both in the notebook's order
         self.cases = {ex: [c.name for c in found] for ex, found in cases.items()}
-        self.case = {(ex, c.name): c for ex, found in cases.items() for c in found}
         self.last = last
         self.owner: dict[tuple[str, str], object] = {}  # (exercise, case) -> the loop
         self.lock = threading.Lock()
