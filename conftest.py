@@ -19,23 +19,13 @@ PYTEST_VIEW = REPO / "grader" / "front" / "pytest_view.py"
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("grader")
-    group.addoption(
-        "--submission",
-        metavar="PATH",
-        help="notebook or folder whose checks `pytest grader` runs "
-        "(default: work/multigpu if it exists, else exercises/multigpu)",
-    )
-    group.addoption(
+    # (`--submission` and `--public-only` are added by grader/front/pytest_options.py, which
+    # pyproject.toml's addopts loads before the command line is first read.)
+    parser.getgroup("grader").addoption(
         "--record-durations",
         metavar="PATH",
         help="write each test module's seconds to PATH, which orders the next runs "
         "(tests/durations.py)",
-    )
-    group.addoption(
-        "--public-only",
-        action="store_true",
-        help="run only the public checks, even where the hidden ones are installed",
     )
 
 
