@@ -1,7 +1,9 @@
 """Broken and hostile submissions: each scores what it deserves, and the run survives them.
 
 One class of students is graded in a single run, two at a time, into a JSON report, a CSV
-gradebook and Gradescope files; each test then looks at one student.
+gradebook and Gradescope files, once for the whole test run (tests/corpora.py, which also
+grades it without the fast path for tests/test_fast_path.py); each test then looks at one
+student.
 """
 
 import csv
@@ -9,11 +11,13 @@ import json
 import socket
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from grader.judge.registry import assignment_points, exercise_points
 from grader.manifest import load_manifest
+from tests import corpora
 from tests.conftest import SOLUTIONS, hidden_checks_file, note_texts, python, write_notebook
 
 MANIFEST = load_manifest()
@@ -222,45 +226,15 @@ def build_class(root, server_port, reports):
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
-    classroom = root / "submitted"
-    out = root / "out"
-    out.mkdir()
-    reports = [out / "results.json", out / "grades.csv"]
-    server = Server()
-    try:
-        students = build_class(classroom, server.port, reports)
-        proc = subprocess.run(
-            [
-                python(),
-                "-m",
-                "grader",
-                "grade",
-                str(classroom),
-                "--jobs",
-                "2",
-                "--json",
-                str(reports[0]),
-                "--csv",
-                str(reports[1]),
-                "--gradescope",
-                str(out / "gradescope"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-    finally:
-        server.close()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = {s["id"]: s for s in json.loads(reports[0].read_text())["submissions"]}
+    """The class graded once in the run (tests/corpora.py), with the fast path."""
+    done = corpora.graded(tmp_path_factory, "hostile")
     return {
-        "report": report,
-        "students": students,
-        "out": out,
-        "root": root,
-        "proc": proc,
-        "connections": server.connections,
+        "report": done.report,
+        "students": {name: Path(folder) for name, folder in done.extra["students"].items()},
+        "out": done.out,
+        "classroom": done.classroom,
+        "stdout": done.stdout,
+        "connections": done.extra["connections"],
     }
 
 
@@ -426,7 +400,7 @@ def test_a_planted_conftest_is_never_run(graded):
         cwd=SOLUTIONS.parent.parent,
     )
     assert proc.returncode == 0, proc.stdout
-    assert not (graded["root"] / "conftest-ran").exists()
+    assert not (graded["classroom"] / "conftest-ran").exists()
 
 
 def test_writing_into_the_reports_changes_nothing(graded):
@@ -467,7 +441,7 @@ def test_every_student_has_a_gradescope_file(graded):
 
 
 def test_the_run_prints_a_summary_table(graded):
-    out = graded["proc"].stdout
+    out = graded["stdout"]
     assert "exercise" in out and "full marks" in out
     assert "total" in out
 

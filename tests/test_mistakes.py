@@ -4,13 +4,23 @@ import importlib
 
 import pytest
 
+from grader.base.results import ExerciseResult, SubmissionResult
 from grader.exercises.catalogue import mistakes_of, variant
 from grader.exercises.train_dataparallel.private import mistakes as train_dataparallel
 from grader.manifest import load_manifest
+from tests import corpora
 from tests.conftest import fresh_solution, grade_in_process, grade_source, verdicts_of_source
 
+# (The exercises whose cases start process groups are read from the catalogue graded as a
+# class: slow.)
 CATALOGUE = [
-    pytest.param(ex, name, mistake, id=f"{ex.id}::{name}", marks=getattr(pytest.mark, ex.id))
+    pytest.param(
+        ex,
+        name,
+        mistake,
+        id=f"{ex.id}::{name}",
+        marks=[getattr(pytest.mark, ex.id), *([pytest.mark.slow] if ex.distributed else [])],
+    )
     for ex in load_manifest().exercises
     for name, mistake in mistakes_of(ex).items()
 ]
@@ -36,12 +46,25 @@ def test_the_seed_mistakes_are_catalogued():
     assert "for X, y in train_iter:\n        for epoch" in sources[("train_loop", "swapped_loops")]
 
 
+def graded(exercise, name, mistake, tmp_path_factory, only=None) -> ExerciseResult:
+    """The exercise graded with the mistake: in this process, on the `only` checks, where its
+    cases run here; else (its cases start process groups) read from the catalogue graded as a
+    class (tests/corpora.py), every check of the exercise graded."""
+    if not exercise.distributed:
+        return grade_source(exercise, mistake.source, only=only)
+    k = [n for n, _ in corpora.CATALOGUE[exercise.id]].index(name)
+    sub = corpora.graded(tmp_path_factory, "catalogue").report[corpora.catalogue_student(k)]
+    (result,) = [e for e in SubmissionResult.from_dict(sub).exercises if e.name == exercise.id]
+    return result
+
+
 @pytest.mark.parametrize(("exercise", "name", "mistake"), CATALOGUE)
-def test_mistake_is_caught_with_its_hint(exercise, name, mistake):
+def test_mistake_is_caught_with_its_hint(exercise, name, mistake, tmp_path_factory):
     """Graded on the check that should catch it (and those it comes after) alone, so that only
-    their cases run. Whole exercises are graded with catalogued mistakes in
-    tests/test_nbgrader.py (the first notebook's) and in `make bench-grade` (all of them)."""
-    result = grade_source(exercise, mistake.source, only={mistake.fails})
+    their cases run, or, for the exercises whose cases start process groups, in the catalogue
+    graded as a class. Whole exercises are graded with catalogued mistakes in
+    tests/test_nbgrader.py (the first notebook's) and tests/test_fast_path.py (all of them)."""
+    result = graded(exercise, name, mistake, tmp_path_factory, only={mistake.fails})
     verdicts = {c.name: c for c in result.checks}
     assert mistake.fails in verdicts, f"{mistake.fails} is not a check of {exercise.id}"
     verdict = verdicts[mistake.fails]
@@ -80,10 +103,10 @@ NEVER = [p for p in CATALOGUE if p.values[2].hints_never]
 
 
 @pytest.mark.parametrize(("exercise", "name", "mistake"), NEVER)
-def test_no_hint_names_a_mistake_that_was_not_made(exercise, name, mistake):
+def test_no_hint_names_a_mistake_that_was_not_made(exercise, name, mistake, tmp_path_factory):
     """Graded on every check of its exercise, no failed check hints at a mistake the code
     does not make (a hint is tied to what the check saw, not to the check)."""
-    result = grade_source(exercise, mistake.source)
+    result = graded(exercise, name, mistake, tmp_path_factory)
     for c in result.checks:
         for words in mistake.hints_never:
             assert c.passed or words not in c.hint, f"{name}: {c.name} hinted {c.hint!r}"

@@ -6,8 +6,8 @@ the lab would move it: pasted into its stub cell of the released notebook; for t
 `train` functions, under the lab's `def` line and given first lines (so that `data=` and
 `devices=` stay injectable), with the student's own lines that load the data and pick the
 devices taken out (a differently named device list becomes `devices`). Then the class is
-graded with `python -m grader grade --jobs 2`. The test is skipped where the notes are
-absent.
+graded with `python -m grader grade --jobs 2`, once in a run of the tests (tests/corpora.py).
+The test is skipped where the notes are absent.
 
 The notes' authors read the book in Chinese: each seed is also moved into the Chinese
 notebooks (exercises/zh_CN/), graded in the same class, and must get the same verdict on every
@@ -17,7 +17,6 @@ check, with its messages in Chinese.
 import json
 import os
 import re
-import subprocess
 import tomllib
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 
 from grader.manifest import REPO, exercises_dir, load_manifest
 from grader.tools.authoring import cells_by_grade_id, filled_in
-from tests.conftest import python
+from tests import corpora
 
 MANIFEST = load_manifest()
 SEEDS = Path(os.environ.get("DPLAB_SEEDS", REPO.parent / "shared" / "seeds"))
@@ -156,19 +155,11 @@ def write_seed_class(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    """The class graded once in the run (tests/corpora.py); each report by seed."""
     if not SEEDS.is_dir():
         pytest.skip(f"the seed notes are not here ({SEEDS})")
-    root = tmp_path_factory.mktemp("seeds")
-    write_seed_class(root)
-    out = root / "report.json"
-    proc = subprocess.run(
-        [python(), "-m", "grader", "grade", str(root), "--jobs", "2", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {s["id"].removeprefix("seed"): s for s in json.loads(out.read_text())["submissions"]}
+    report = corpora.graded(tmp_path_factory, "seeds").report
+    return {name.removeprefix("seed"): sub for name, sub in report.items()}
 
 
 def exercise(sub, name):
