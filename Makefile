@@ -140,7 +140,7 @@ bench-notebooks: $(DEV_READY)
 # A class's hub: login to a usable lab, and the memory of idle labs (STUDENTS=8 of them).
 STUDENTS ?= 8
 bench-hub: $(DEV_READY) $(CATALOGUES) $(PROXY)
-	$(BIN)/python hub/bench.py --students $(STUDENTS)
+	$(BIN)/python -m hub.bench --students $(STUDENTS)
 
 # A class of 20 graded here, and as a Slurm job array of 1, 2 and 4 slices on a one-node
 # cluster that it starts (root, slurm-wlm and munge).

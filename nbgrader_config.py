@@ -35,7 +35,6 @@ c.ExecutePreprocessor.timeout = 900
 # gives each feedback page to its student's account alone (hub/lab_feedback.py).
 _hub = __import__("grader.manifest").manifest.REPO / "hub"
 if (_hub / "lab_exchange.py").exists():  # (a checkout; the lab's image has no hub/)
-    __import__("sys").path.append(str(_hub))
-    c.ExchangeFactory.release_assignment = "lab_exchange.LabRelease"  # (its inbound: sticky)
-    c.ExchangeFactory.collect = "lab_exchange.LabCollect"
-    c.ExchangeFactory.release_feedback = "lab_feedback.LabReleaseFeedback"
+    c.ExchangeFactory.release_assignment = "hub.lab_exchange.LabRelease"  # (its inbound: sticky)
+    c.ExchangeFactory.collect = "hub.lab_exchange.LabCollect"
+    c.ExchangeFactory.release_feedback = "hub.lab_feedback.LabReleaseFeedback"

@@ -30,8 +30,7 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import running  # noqa: E402
+from hub import running
 
 COURSE, ASSIGNMENT = "multigpu-lab", "multigpu"
 CHECK = f"python -m grader check {ASSIGNMENT}/from_scratch.ipynb --exercise allreduce"
@@ -194,7 +193,7 @@ def tear_down(hub: running.Hub, students: list[str], folders: list[Path]) -> Non
     """Stop the hub; remove the students' accounts (as root) and the bench's folders."""
     hub.stop()
     if os.geteuid() == 0:
-        from lab_hub import remove_account
+        from hub.lab_hub import remove_account
 
         for name in students:
             remove_account(f"bench-{name}")
@@ -202,7 +201,7 @@ def tear_down(hub: running.Hub, students: list[str], folders: list[Path]) -> Non
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def say(figures: Figures, students: int, at_once: int, memory: MemoryPeak) -> None:
+def print_figures(figures: Figures, students: int, at_once: int, memory: MemoryPeak) -> None:
     total = psutil.virtual_memory().total
     mode = "one account per student" if os.geteuid() == 0 else "one shared account"
     median, worst = statistics.median, max
@@ -230,7 +229,7 @@ def main() -> None:
         help="students whose checks run side by side (default: %(default)s)",
     )  # fmt: skip
     args = parser.parse_args()
-    if why := running.missing():
+    if why := running.hub_lacks():
         raise SystemExit(f"bench-hub: {why}")
     folder = Path(tempfile.mkdtemp(prefix="bench-hub-"))  # closed: the instructor's course
     homes = running.temporary_homes()  # open: the students' homes, their Python, the exchange
@@ -247,7 +246,7 @@ def main() -> None:
     finally:
         memory.stop()
         tear_down(hub, students, [homes, folder])
-    say(figures, len(students), min(args.checks_at_once, len(students)), memory)
+    print_figures(figures, len(students), min(args.checks_at_once, len(students)), memory)
 
 
 if __name__ == "__main__":

@@ -43,22 +43,20 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from closed import check_closed, instructors_folders  # noqa: E402
-from lab_groups import FIX_LIMITS, lab_groups  # noqa: E402
-from lab_hub import (  # noqa: E402
+from hub.closed import check_closed, instructors_folders
+from hub.lab_gpus import gpu_mode, lab_host_config
+from hub.lab_groups import FIX_LIMITS, lab_groups
+from hub.lab_hub import (
     EXCHANGE_IN_CONTAINERS,
     REPO,
     ClassAuthenticator,
     LabProcessSpawner,
-    check_python_for_students,
     container_engine_answers,
-    gpu_mode,
-    lab_host_config,
     open_exchange,
     read_class_list,
     record_made,
 )
+from hub.lab_python import check_python_for_students
 
 c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
 env = os.environ.get
@@ -145,7 +143,7 @@ elif spawner == "process":
     # lab with it.
     python, folder = env("HUB_PYTHON") or sys.executable, None
     if os.geteuid() == 0 and not env("HUB_PYTHON"):
-        from running import lend_python
+        from hub.running import lend_python
 
         folder = Path(env("HUB_PYTHON_FOLDER") or "/var/lib/multigpu-lab/python").resolve()
         try:

@@ -1,5 +1,6 @@
-"""The class's JupyterHub: its logins, its two spawners and the GPUs it hands out (the control
-groups that hold its labs are in lab_groups.py).
+"""The class's JupyterHub: its logins and its two spawners (the GPUs it hands out are in
+lab_gpus.py, the check of the Python the labs run in lab_python.py, and the control groups that
+hold its labs in lab_groups.py).
 
 `jupyterhub_config.py`, beside this file, reads the instructor's settings and puts these
 pieces together; they live here so that tests can use them without a running hub.
@@ -26,11 +27,12 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float, List, Unicode
 
+from hub.lab_gpus import visible_gpus
+from hub.lab_groups import lab_groups
+from hub.lab_python import FIX_PYTHON, probe_lab_python
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-if str(HERE) not in sys.path:  # hub/ is no package: its modules import each other by name
-    sys.path.append(str(HERE))
-from lab_groups import lab_groups  # noqa: E402
 
 EXCHANGE_IN_CONTAINERS = "/srv/nbgrader/exchange"  # nbgrader's own default
 
@@ -176,120 +178,6 @@ def record_made(state: Path, **made: str) -> None:
     """Write down, in `state`, the students' accounts' prefix and the folders the hub made
     for them (their homes, the exchange, their Python), which `make hub-clear` reads."""
     (state / MADE).write_text(json.dumps(made, indent=1) + "\n")
-
-
-class GpuRoundRobin:
-    """Hands each student one GPU of `gpus` in the order they first start a lab, and
-    remembers it in a file, so a student keeps the same GPU across restarts."""
-
-    def __init__(self, gpus: list[str], path: str | os.PathLike) -> None:
-        self.gpus = gpus
-        self.path = Path(path)
-
-    def gpu_for(self, name: str) -> str:
-        given = json.loads(self.path.read_text()) if self.path.exists() else {}
-        if name not in given:
-            given[name] = self.gpus[len(given) % len(self.gpus)]
-            self.path.write_text(json.dumps(given, indent=1) + "\n")
-        return given[name]
-
-
-def gpu_mode(mode: str, gpus: list[str]) -> str:
-    """HUB_GPUS, checked: every GPU for every lab (`all`), one of `gpus` each in turn
-    (`each`), or none (`none`)."""
-    if mode not in ("all", "each", "none"):
-        raise SystemExit(f"hub: HUB_GPUS={mode!r}: say all, each or none")
-    if mode == "each" and not gpus:
-        raise SystemExit("hub: HUB_GPUS=each needs the GPUs to share, as HUB_GPU_IDS=0,1,2,3")
-    return mode
-
-
-def visible_gpus(mode: str, gpus: list[str], turns: str | os.PathLike, name: str) -> str | None:
-    """CUDA_VISIBLE_DEVICES for `name`'s lab as process, as HUB_GPUS `mode` says: None (left
-    unset: every GPU), one of `gpus` in turn (remembered in `turns`), or '' (none: the lab's
-    stand-in devices then compute on the CPU)."""
-    if mode == "none":
-        return ""
-    if mode == "each":
-        return GpuRoundRobin(gpus, turns).gpu_for(name)
-    return None
-
-
-def lab_host_config(mode: str, gpus: list[str], state: Path, shm: str = "4g"):
-    """DockerSpawner's `extra_host_config`: a /dev/shm of `shm` and every GPU for every lab
-    (`all`), one each in turn (`each`), or none (`none`). One each needs `device_ids`: a
-    request of `count=1` would put every student on the same GPU."""
-    base = {"shm_size": shm}
-    if gpu_mode(mode, gpus) == "none":
-        return base
-    if mode == "all":
-        request = {"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}
-        return base | {"device_requests": [request]}
-    turns = GpuRoundRobin(gpus, state / "gpus.json")
-
-    def host_config(spawner) -> dict:
-        gpu = turns.gpu_for(spawner.user.name)
-        request = {"Driver": "nvidia", "DeviceIDs": [gpu], "Capabilities": [["gpu"]]}
-        return base | {"device_requests": [request]}
-
-    return host_config
-
-
-FIX_PYTHON = (
-    "As root with the process spawner, leave HUB_PYTHON unset: the hub then makes the lab's "
-    "Python in HUB_PYTHON_FOLDER, a folder every account may read, from a system Python "
-    "of the same version. Or name with HUB_PYTHON a Python, with the lab and the hub's "
-    "packages installed, that lies where every user may enter and read (not under /root)."
-)
-
-# What a student's account must be able to do with the lab's Python: import the lab and the
-# hub's single-user server, and reach the lab's start script and notebooks; it prints the lab.
-LAB_PROBE = """
-import importlib.util, os, sys
-import grader.manifest as m
-if importlib.util.find_spec("jupyterhub.singleuser") is None:
-    sys.exit("this Python lacks the hub's packages (jupyterhub)")
-lab = str(m.REPO)
-for path, mode in ((os.path.join(lab, "docker", "start-lab"), os.X_OK),
-                   (os.path.join(lab, "exercises"), os.R_OK | os.X_OK)):
-    if not os.access(path, mode):
-        sys.exit(f"{path} is closed to this account")
-print(lab)
-"""
-
-
-def probe_lab_python(python: str, account: str) -> tuple[str, str]:
-    """Run `python` as `account`, with that account's own group alone, as its labs will run:
-    (the lab's folder, '') where it can start a lab, else ('', what went wrong)."""
-    entry = pwd.getpwnam(account)
-    try:
-        probe = subprocess.run(
-            [python, "-c", LAB_PROBE], user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-            cwd="/", capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    except PermissionError:
-        return "", "a folder on the way to it is closed to that account"
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return "", str(error)
-    if probe.returncode:
-        lines = probe.stderr.strip().splitlines() or [f"it exited with {probe.returncode}"]
-        return "", lines[-1][-300:]
-    return probe.stdout.strip(), ""
-
-
-def check_python_for_students(python: str, account: str = "nobody") -> None:
-    """Stop the hub, before it takes a login, where an account with no rights of its own
-    (`nobody`) cannot start a lab with the lab's Python."""
-    try:
-        pwd.getpwnam(account)
-    except KeyError:
-        return  # no such account to try it with; each student's start still checks
-    _, said = probe_lab_python(python, account)
-    if said:
-        raise SystemExit(
-            f"hub: the students' accounts cannot start a lab with {python}: run as "
-            f"{account}, {said}. {FIX_PYTHON}"
-        )
 
 
 def listens(host: str, port: int) -> bool:

@@ -33,7 +33,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def missing() -> str:
+def hub_lacks() -> str:
     """What this machine lacks to run a hub, or ''."""
     if not shutil.which("node") and not PROXY.exists():
         return "no Node.js here, which the hub's proxy needs (apt install nodejs npm)"
@@ -133,9 +133,7 @@ def lend_python(folder: Path) -> tuple[str, str]:
 
 def _lab_files() -> list[str]:
     """The lab image's files (hub/lab_files.py) and the compiled catalogues of messages."""
-    if str(HERE) not in sys.path:
-        sys.path.append(str(HERE))
-    from lab_files import image_files
+    from hub.lab_files import image_files
 
     return sorted(image_files("lab")) + _compiled_catalogues()
 

@@ -89,23 +89,30 @@ def test_the_grader_image_has_everything():
 
 
 def test_the_hub_image_holds_every_hub_module_its_config_imports():
-    """The hub image copies hub/ file by file: each module of hub/ that the config, or a module
-    it imports, imports at load time must be among them (closed.py and lab_groups.py were
-    not, and the compose hub stopped at start)."""
+    """The hub image copies hub/ file by file: the package's __init__ and each module of hub/
+    that the config, or a module it imports, imports at load time must be among them (closed.py
+    and lab_groups.py were not, and the compose hub stopped at start)."""
     import ast
 
     held = image_files("hub")
     local = {p.stem for p in (REPO / "hub").glob("*.py")}
-    todo, needed = ["jupyterhub_config"], set()
+
+    def of_hub(node: ast.stmt) -> list[str]:
+        """The modules of hub/ that an import at the top level names."""
+        if isinstance(node, ast.ImportFrom) and node.module == "hub":
+            return [a.name for a in node.names if a.name in local]
+        named = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        named += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        return [n.split(".")[1] for n in named if n.startswith("hub.")]
+
+    todo, needed = ["jupyterhub_config"], {"__init__"}
     while todo:
         module = todo.pop()
         needed.add(module)
         tree = ast.parse((REPO / "hub" / f"{module}.py").read_text())
         for node in tree.body:  # at load time: the module's own top level, not its functions
-            if isinstance(node, ast.ImportFrom) and node.module in local:
-                todo += [node.module] if node.module not in needed else []
-            elif isinstance(node, ast.Import):
-                todo += [a.name for a in node.names if a.name in local and a.name not in needed]
+            todo += [m for m in of_hub(node) if m not in needed]
+    assert {"closed", "lab_groups", "lab_hub"} <= needed  # (so that a blind walk fails)
     assert {f"hub/{m}.py" for m in needed} <= held, sorted({f"hub/{m}.py" for m in needed} - held)
 
 

@@ -20,13 +20,11 @@ import requests
 
 from grader.judge.registry import assignment_points
 from grader.manifest import load_manifest
+from hub import running
+from hub.closed import closed_on_the_way
+from hub.lab_hub import remove_account
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hub"))
-
-import running  # noqa: E402
-from closed import closed_on_the_way  # noqa: E402
-from lab_hub import remove_account  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STUDENTS = ["ann", "bo"]
@@ -85,7 +83,7 @@ def edit_first_cell(user, path: str, mark: str) -> None:
 
 def started_hub(tmp_path_factory, **extra: str):
     """A hub of the class STUDENTS whose labs are processes, stopped and cleaned up after."""
-    if why := running.missing():
+    if why := running.hub_lacks():
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("hub")
     homes = running.temporary_homes()

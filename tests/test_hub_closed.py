@@ -9,18 +9,15 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from hub import running
+from hub.closed import check_closed, closed_on_the_way, instructors_folders, opening
+from tests.test_hub import closed_lab
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hub"))
-
-import running  # noqa: E402
-from closed import check_closed, closed_on_the_way, instructors_folders, opening  # noqa: E402
-
-from tests.test_hub import closed_lab  # noqa: E402
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="makes accounts, as the hub does")
 
@@ -87,7 +84,7 @@ def test_the_refusal_names_each_open_folder_and_how_to_close_it(open_folder, tmp
 @pytest.mark.slow
 @root_only
 def test_the_hub_does_not_start_while_the_course_folder_is_open(open_folder, tmp_path):
-    if why := running.missing():
+    if why := running.hub_lacks():
         pytest.skip(why)
     course = open_folder / "course"
     course.mkdir(mode=0o755)

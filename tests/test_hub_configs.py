@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from grader.manifest import REPO
+from hub import lab_gpus
 
 VALUES = REPO / "docs" / "hub" / "kubernetes-values.yaml"
 SCHEMA = REPO / "tests" / "schemas" / "z2jh-values.schema.json"
@@ -92,10 +93,7 @@ def test_idle_labs_are_culled_and_students_are_authorized(values):
 
 
 def lab_hub():
-    import sys
-
-    sys.path.insert(0, str(REPO / "hub"))
-    import lab_hub
+    from hub import lab_hub
 
     return lab_hub
 
@@ -108,29 +106,29 @@ class StandInSpawner:
 
 
 def test_one_gpu_each_goes_round_the_gpus_and_stays_with_its_student(tmp_path):
-    host_config = lab_hub().lab_host_config("each", ["0", "1"], tmp_path)
+    host_config = lab_gpus.lab_host_config("each", ["0", "1"], tmp_path)
     given = {n: host_config(StandInSpawner(n))["device_requests"] for n in ("ann", "bo", "cy")}
     assert {n: r[0]["DeviceIDs"] for n, r in given.items()} == {
         "ann": ["0"], "bo": ["1"], "cy": ["0"]
     }  # fmt: skip
     assert "Count" not in given["ann"][0]  # count=1 would put everyone on the first GPU
-    again = lab_hub().lab_host_config("each", ["0", "1"], tmp_path)  # the hub restarted
+    again = lab_gpus.lab_host_config("each", ["0", "1"], tmp_path)  # the hub restarted
     assert again(StandInSpawner("bo"))["device_requests"][0]["DeviceIDs"] == ["1"]
 
 
 def test_every_gpu_for_every_lab_and_room_in_dev_shm(tmp_path):
-    every = lab_hub().lab_host_config("all", [], tmp_path)
+    every = lab_gpus.lab_host_config("all", [], tmp_path)
     assert every["device_requests"] == [
         {"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}
     ]
-    assert every["shm_size"] == lab_hub().lab_host_config("none", [], tmp_path)["shm_size"]
+    assert every["shm_size"] == lab_gpus.lab_host_config("none", [], tmp_path)["shm_size"]
 
 
 def test_a_gpu_setting_that_cannot_work_says_what_to_write(tmp_path):
     with pytest.raises(SystemExit, match="HUB_GPU_IDS=0,1,2,3"):
-        lab_hub().lab_host_config("each", [], tmp_path)
+        lab_gpus.lab_host_config("each", [], tmp_path)
     with pytest.raises(SystemExit, match="say all, each or none"):
-        lab_hub().lab_host_config("one", ["0"], tmp_path)
+        lab_gpus.lab_host_config("one", ["0"], tmp_path)
 
 
 def test_a_class_list_reads_names_and_refuses_one_nobody_could_log_in_with(tmp_path):

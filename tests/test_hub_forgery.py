@@ -25,12 +25,10 @@ from grader.class_grading import expand
 from grader.judge.registry import assignment_points
 from grader.load.submission import SET_ASIDE, set_aside_beside
 from grader.manifest import load_manifest
+from hub import running
+from hub.lab_hub import open_exchange, remove_account
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hub"))
-
-import running  # noqa: E402
-from lab_hub import open_exchange, remove_account  # noqa: E402
 
 NBGRADER = [sys.executable, "-m", "nbgrader"]
 COURSE = "multigpu-lab"

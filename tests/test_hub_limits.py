@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hub.clear import places
+from hub.lab_gpus import visible_gpus
 from hub.lab_groups import FIX_LIMITS, LabGroups
-from hub.lab_hub import visible_gpus
 from tests.test_hub import STUDENTS, started_hub
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root's hub makes accounts and groups")

@@ -17,14 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from hub import lab_hub, running
+from hub.lab_hub import remove_account
+from tests.test_hub import closed_lab
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hub"))
-
-import lab_hub  # noqa: E402
-import running  # noqa: E402
-from lab_hub import remove_account  # noqa: E402
-
-from tests.test_hub import closed_lab  # noqa: E402
 
 slow = pytest.mark.slow
 STUDENTS = ["ann", "bo", "cy"]
@@ -42,7 +39,7 @@ def open_folder() -> Path:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """A hub started as `make hub` starts it: the process spawner, no HUB_PYTHON."""
-    if why := running.missing():
+    if why := running.hub_lacks():
         pytest.skip(why)
     homes, python_folder = running.temporary_homes(), open_folder()
     prefix = f"t{secrets.token_hex(2)}-"
@@ -115,7 +112,7 @@ def test_make_hub_lends_the_students_a_python_of_its_own_outside_the_checkout(hu
 @slow
 @pytest.mark.skipif(not ROOT, reason="only root's hub checks its students' accounts")
 def test_the_hub_will_not_start_with_a_python_the_students_cannot_run(tmp_path):
-    if why := running.missing():
+    if why := running.hub_lacks():
         pytest.skip(why)
     if running._runs_as_nobody(sys.executable):
         pytest.skip(f"{sys.executable} is open to every account here")

@@ -9,25 +9,22 @@ root (Slurm's daemons and the students' accounts) and `apt install slurm-wlm mun
 
 import secrets
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hub"))
-
-import running  # noqa: E402
-from lab_hub import remove_account  # noqa: E402
-
-from tests.slurm_cluster import cluster_missing, one_node_cluster  # noqa: E402
-from tests.test_hub import (  # noqa: E402
+from hub import running
+from hub.lab_hub import remove_account
+from tests.slurm_cluster import cluster_missing, one_node_cluster
+from tests.test_hub import (
     A_RIGHT_TRY_GPU_CHECKED,
     NOTEBOOKS,
     closed_lab,
     lent_python,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 CONFIG = REPO / "docs" / "hub" / "slurm_config.py"
@@ -53,7 +50,7 @@ def lend_singleuser(python: str) -> None:
 
 @pytest.fixture(scope="module")
 def slurm():
-    if why := cluster_missing() or running.missing():
+    if why := cluster_missing() or running.hub_lacks():
         pytest.skip(why)
     with one_node_cluster() as cluster:
         yield cluster

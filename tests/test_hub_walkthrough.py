@@ -27,14 +27,12 @@ from pathlib import Path
 import pytest
 
 from grader.report.json_report import read_json
+from hub import running
+from hub.lab_hub import read_class_list, remove_account
 from tests.test_hub import set_up
 from tests.test_readme import copy_of_the_lab
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hub"))
-
-import running  # noqa: E402
-from lab_hub import read_class_list, remove_account  # noqa: E402
 
 PAGE = REPO / "docs" / "hub.md"
 BLOCK = re.compile(r"<!-- hub-walkthrough -->\s*```console\n(.*?)```", re.S)
@@ -290,7 +288,7 @@ def run_in_terminal(run: Class, name: str, command: str, shows: list[str]) -> No
 
 @pytest.mark.slow
 def test_the_class_in_ten_minutes_runs_as_written(tmp_path):
-    if why := running.missing():
+    if why := running.hub_lacks():
         pytest.skip(why)
     # the clone in a folder every account may enter, so that only the walk-through closes it
     course = set_up(copy_of_the_lab(running.temporary_homes() / "lab")).resolve()

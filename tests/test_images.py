@@ -433,12 +433,9 @@ def podman_socket(folder: Path) -> tuple[subprocess.Popen, Path]:
 def container_hub(images, tmp_path_factory):
     """hub/jupyterhub_config.py with DockerSpawner, on Docker's socket or on podman's (served
     by `docker/check socket`), two students of a class list, their labs started."""
-    import sys
+    from hub import running
 
-    sys.path.insert(0, str(REPO / "hub"))
-    import running
-
-    if why := running.missing():
+    if why := running.hub_lacks():
         pytest.skip(why)
     lab_image = images["lab"]
     folder = tmp_path_factory.mktemp("hub")
@@ -524,10 +521,7 @@ def test_a_containers_restart_keeps_the_students_edits(container_hub):
 def compose_hub(images, tmp_path_factory):
     """The compose file's hub service in its own image, on the engine's socket, with a class
     list in its folder and nbgrader's exchange in a folder of this machine."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "hub"))
-    import running
+    from hub import running
 
     engine = check("engine").stdout.strip()
     if engine == "podman" and compose("version").returncode != 0:

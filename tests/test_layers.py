@@ -1,8 +1,8 @@
-"""The lab's layers: every import of `labtext/`, `dplab/` and `grader/` goes down the layers or
-stays in its own, and no modules import each other in a circle. The graph is read from the
-source with `ast`, imports inside functions included (they still tie the modules together),
-and so is what Python runs for an import besides the module: the `__init__` of each package
-above it (`import grader.load.notebook` runs `grader/__init__.py` first)."""
+"""The lab's layers: every import of `labtext/`, `dplab/`, `grader/` and `hub/` goes down the
+layers or stays in its own, and no modules import each other in a circle. The graph is read
+from the source with `ast`, imports inside functions included (they still tie the modules
+together), and so is what Python runs for an import besides the module: the `__init__` of each
+package above it (`import grader.load.notebook` runs `grader/__init__.py` first)."""
 
 import ast
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("labtext", "dplab", "grader")
+PACKAGES = ("labtext", "dplab", "grader", "hub")
 
 # From the bottom. Each module is named by exactly one entry: its own name, or `package.*`,
 # which names a package and every module under it.
@@ -42,6 +42,9 @@ LAYERS = {
     "front ends": ("grader", "grader.__main__", "grader.front.*"),
     # The maintainers' measures (make bench-*, make gpu-check), which drive the front ends.
     "benchmarks": ("grader.benchmarks.*",),
+    # A class's JupyterHub, its config and nbgrader's exchange for the instructor: it uses the
+    # grader from above, and nothing of the lab imports it.
+    "hub": ("hub.*",),
 }
 ORDER = list(LAYERS)
 

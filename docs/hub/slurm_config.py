@@ -38,8 +38,7 @@ if not BASE.exists():  # load_subconfig would pass over a missing file without a
 os.environ.setdefault("HUB_SPAWNER", "process")  # not docker, even where an engine answers
 load_subconfig(str(BASE))  # noqa: F821 (JupyterHub's config loader defines it)
 
-sys.path.insert(0, str(REPO / "hub"))
-from lab_hub import LabProcessSpawner  # noqa: E402
+from hub.lab_hub import LabProcessSpawner  # noqa: E402
 
 c = get_config()  # noqa: F821
 env = os.environ.get
