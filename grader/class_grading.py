@@ -29,6 +29,7 @@ from pathlib import Path
 
 from grader.base.results import SubmissionResult
 from grader.grading import (
+    AtOnce,
     GradeOptions,
     class_side_by_side,
     default_threads,
@@ -215,15 +216,16 @@ class ClassRun:
         options: ClassOptions,
     ) -> None:
         self.subs, self.todo, self.results, self.jobs = subs, todo, results, options.jobs
-        # each submission's options: its children's threads and notebooks at once are the
-        # class's to say (see notebooks_at_once)
-        self.grading = dataclasses.replace(
-            options.grading, threads=default_threads(options.jobs), at_once=self.notebooks_at_once
-        )
         self.ended = 0  # submissions graded so far in this run
         self.counting = threading.Lock()
+        # each submission's options: its children's threads and notebooks at once are the
+        # class's to say (see at_once_now)
+        self.at_once = AtOnce(self.at_once_now())
+        self.grading = dataclasses.replace(
+            options.grading, threads=default_threads(options.jobs), at_once=self.at_once
+        )
 
-    def notebooks_at_once(self) -> int:
+    def at_once_now(self) -> int:
         """The notebooks of a submission graded at once: the cores shared among the
         submissions not yet graded (those graded now and those waiting), at most `jobs` (so
         the last ones of a class get the cores the others leave)."""
@@ -243,6 +245,7 @@ class ClassRun:
         finally:
             with self.counting:
                 self.ended += 1
+                self.at_once.now = self.at_once_now()
         result.seconds, result.fingerprint = time.monotonic() - began, mark
         return result
 

@@ -35,12 +35,13 @@ from grader.load.submission import Submission, find_submission, unfit_by_noteboo
 from grader.manifest import Exercise, load_manifest
 from grader.sandbox.collected import Collected, Phases
 from grader.sandbox.retiming import time_against_the_reference
-from grader.sandbox.scheduler import in_threads
+from grader.sandbox.scheduler import AtOnce, in_threads
 from grader.sandbox.starting import children_fence, stop_all_children
 from grader.sandbox.supervisor import run_isolated
 from labtext import _
 
 __all__ = [
+    "AtOnce",
     "DEVICES",
     "GradeOptions",
     "Limits",
@@ -113,8 +114,9 @@ class GradeOptions:
     phases: Phases | None = None  # where the time each phase took is added
     # Keep the checks of these names (and those they come after), and run only their cases.
     only_checks: frozenset[str] | None = None
-    # Notebooks graded at once: a number, or a function that says it now (None: the cores).
-    at_once: int | Callable[[], int] | None = None
+    # Notebooks graded at once: a number, or what a class run keeps up to date (None: the
+    # cores).
+    at_once: int | AtOnce | None = None
     # Keep only the notes about these exercises' cells (a student's check of one exercise).
     notes_about: tuple[Exercise, ...] | None = None
 
@@ -152,6 +154,7 @@ def _graded(sub: Submission, options: GradeOptions) -> tuple[list[ExerciseResult
     fit = dataclasses.replace(sub, exercises=[e for e in sub.exercises if e.id not in problems])
     load_for_judging(fit, references=hidden)  # what the judging needs, while the children run
     at_once = options.at_once or notebooks_at_once()
+    at_once = at_once if isinstance(at_once, AtOnce) else AtOnce(at_once)
     fit_checks = {ex.id: checks[ex.id] for ex in fit.exercises}
     lent = pace.chosen()
     collected = run_isolated(fit, fit_checks, sub_seed, limits, threads, phases, at_once, lent)
@@ -228,4 +231,4 @@ def class_side_by_side(fn: Callable, items: list, jobs: int):
     """Run `fn` on each item in threads, `jobs` at a time, and one more while the cores sit
     idle where the fast path says so (up to twice `jobs`); yield each call's future as it
     finishes, with how many still run (grader.sandbox.scheduler.in_threads)."""
-    return in_threads(fn, items, pace.chosen().room(jobs, 2 * jobs), 2 * jobs)
+    return in_threads(fn, items, pace.chosen().room(AtOnce(jobs), 2 * jobs), 2 * jobs)

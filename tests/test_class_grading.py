@@ -286,9 +286,9 @@ def test_the_last_submissions_of_a_class_get_the_cores_the_others_leave(monkeypa
     shares: dict[str, list[int]] = {}
 
     def grade_submission(sub, options):
-        shares[sub.id] = [options.at_once()]
+        shares[sub.id] = [options.at_once.now]
         time.sleep({"s0": 0.1, "s1": 1.0, "s2": 2.0}[sub.id])  # s2 starts as s0 ends
-        shares[sub.id].append(options.at_once())
+        shares[sub.id].append(options.at_once.now)
         return SubmissionResult(sub.id, str(sub.path), 1.0, 1.0)
 
     monkeypatch.setattr(grade_class_module, "grade_submission", grade_submission)

@@ -210,12 +210,14 @@ def test_a_helper_takes_an_exercise_whose_ranks_hold_the_reference_after_the_oth
 def test_the_plain_path_runs_one_loop_per_notebook_whose_children_never_ask():
     """GRADER_FAST=off: no helper loops, and no Claim round trip before each case."""
     from grader.sandbox.collected import Collected
+    from grader.sandbox.scheduler import AtOnce
     from grader.sandbox.speedups import PLAIN
 
     loops, collected = PLAIN.loops({"nb": {"allreduce": []}}, {}), Collected()
     loop = loops.first("nb", collected)
     assert loops.more is None and not loop.asks and not loop.helper
-    assert PLAIN.room(2, 4)(1) and not PLAIN.room(2, 4)(2)
+    room = PLAIN.room(AtOnce(2), 4)
+    assert room(1) and not room(2)
 
 
 def test_a_forked_child_cannot_read_the_hidden_checks(tmp_path, monkeypatch):

@@ -262,6 +262,40 @@ def test_the_pipeline_owns_the_route(graph):
     assert not wrong, "\n".join(wrong)
 
 
+# The steps of one grade, in the order a walk takes them.
+STAGES = ("front ends", "pipeline", "load", "sandbox", "judge", "report")
+
+
+def test_one_walk_never_climbs_back(tmp_path):
+    """Every call made while a submission is graded (the command line's `grade`, a
+    notebook of process groups among its two, in the grader's own process), watched with
+    sys.setprofile: along front -> pipeline -> load -> sandbox -> judge -> report, no module
+    calls code of a step above its own (the sandbox asked the class run how many notebooks
+    to grade at once; it now reads a value the class run keeps up to date). Calls up into
+    code handed down as a value are the checks' own (a check's function run in processes
+    apart by grader.ranks, a case's inputs made by its exercise's lambda), not the walk's."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.climbs", "grade", str(REPO / "solutions" / "multigpu"),
+         "-e", "allreduce", "-e", "ring_allreduce", "--json", str(out)],
+        cwd=REPO, env={**os.environ, "GRADER_WARM_SECONDS": "0"}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.exists()
+    calls = json.loads(done.stdout.strip().splitlines()[-1])
+    between = {tuple(c["layers"]) for c in calls}
+    walked = [("front ends", "pipeline"), ("pipeline", "load"), ("pipeline", "sandbox")]
+    walked += [("pipeline", "judge"), ("pipeline", "report")]
+    assert set(walked) <= between, sorted(between)  # (the watch saw the walk)
+    up = [c for c in calls if c["up"] and set(c["layers"]) <= set(STAGES)]
+    assert not up, "\n".join(f"{c['from']} -> {c['to']}: {c['calls']} calls" for c in up)
+
+
 def test_the_plain_sandbox_reads_alone_in_about_2300_lines():
     """What runs one child and watches it, without the fast path (grader/sandbox/*.py, not
     fast/), is short enough to read whole: the speed ideas stay in fast/."""

@@ -6,11 +6,21 @@ import contextvars
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 from grader.sandbox.collected import Collected
 
 LOOK_SECONDS = 0.5  # how often to look again for room while items wait
+
+
+@dataclass
+class AtOnce:
+    """How many of a submission's notebooks are graded at a time. A class run sets `now` as
+    its submissions end (fewer left, more cores each); the sandbox reads it whenever it looks
+    for room, and never calls back into the class run to ask."""
+
+    now: int = 1
 
 
 class OneLoop:
@@ -89,7 +99,6 @@ def in_threads(
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def at_most(least: int | Callable[[], int]) -> Callable[[int], bool]:
-    """Return the plain room: `least` at a time (a number, or a function that says it now)."""
-    at_least = least if callable(least) else lambda: least
-    return lambda running: running < max(1, at_least())
+def at_most(least: AtOnce) -> Callable[[int], bool]:
+    """Return the plain room: `least.now` at a time."""
+    return lambda running: running < max(1, least.now)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grader.sandbox.collected import Collected
-from grader.sandbox.scheduler import OneLoopEach, at_most
+from grader.sandbox.scheduler import AtOnce, OneLoopEach, at_most
 
 if TYPE_CHECKING:
     from grader.api import Case
@@ -60,9 +60,9 @@ class Speedups(Protocol):
         (wanted, make) of grader.sandbox.scheduler.in_threads that makes helper loops."""
         ...
 
-    def room(self, least: int | Callable[[], int], most: int) -> Callable[[int], bool]:
-        """Return whether one more may start beside `running` ones: `least` at a time (a
-        number, or a function that says it now), at most `most`."""
+    def room(self, least: AtOnce, most: int) -> Callable[[int], bool]:
+        """Return whether one more may start beside `running` ones: `least.now` at a time, at
+        most `most`."""
         ...
 
     def start_early(self) -> None:
@@ -97,7 +97,7 @@ class Plain:
             }
         )
 
-    def room(self, least: int | Callable[[], int], most: int) -> Callable[[int], bool]:
+    def room(self, least: AtOnce, most: int) -> Callable[[int], bool]:
         return at_most(least)
 
     def start_early(self) -> None:

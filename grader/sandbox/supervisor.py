@@ -52,7 +52,7 @@ from grader.sandbox.collected import (
 )
 from grader.sandbox.fence import private_paths
 from grader.sandbox.frames import FrameReader
-from grader.sandbox.scheduler import in_threads
+from grader.sandbox.scheduler import AtOnce, in_threads
 from grader.sandbox.speedups import PLAIN, Loop, Speedups
 from grader.sandbox.starting import Child, forget, start_child, track
 from grader.sandbox.watching import (
@@ -228,13 +228,13 @@ def run_isolated(
     limits: Limits,
     threads: int,
     phases: Phases | None = None,
-    at_once: int | Callable[[], int] = 1,
+    at_once: AtOnce | None = None,
     speedups: Speedups = PLAIN,
 ) -> Collected:
     """Run every exercise's cases in fenced children, in a loop of children per notebook,
-    `at_once` notebooks at a time (a number, or a function that says it now), each in a
-    scratch folder of its own; a child that stops early is followed by another. Where
-    `speedups` lend them, more loops and more at a time."""
+    `at_once.now` notebooks at a time (one where None), each in a scratch folder of its own;
+    a child that stops early is followed by another. Where `speedups` lend them, more loops
+    and more at a time."""
     collected = Collected(phases=phases or Phases())
     todo = [ex for ex in sub.exercises if ex.id in checks and ex.notebook in sub.notebooks]
     notebooks = list(dict.fromkeys(ex.notebook for ex in todo))
@@ -257,7 +257,8 @@ def run_isolated(
 
     items = [(nb, loops.first(nb, collected)) for nb in notebooks]
     most = 2 * len(notebooks)
-    for done, _running in in_threads(run, items, speedups.room(at_once, most), most, loops.more):
+    room = speedups.room(at_once or AtOnce(), most)
+    for done, _running in in_threads(run, items, room, most, loops.more):
         done.result()
     return collected
 

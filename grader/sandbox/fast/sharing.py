@@ -9,6 +9,7 @@ from collections.abc import Callable
 from grader.api import Case
 from grader.sandbox.collected import Collected
 from grader.sandbox.fast import spare_cores
+from grader.sandbox.scheduler import AtOnce
 
 
 class Shares:
@@ -129,13 +130,12 @@ class SharedLoops:
         return self.wanted, self.helper
 
 
-def room_while_idle(least: int | Callable[[], int], most: int) -> Callable[[int], bool]:
-    """Return the fast path's room: `least` at a time (a number, or a function that says it
-    now), and one more whenever a core has sat idle long enough, up to `most`."""
-    at_least = least if callable(least) else lambda: least
+def room_while_idle(least: AtOnce, most: int) -> Callable[[int], bool]:
+    """Return the fast path's room: `least.now` at a time, and one more whenever a core has
+    sat idle long enough, up to `most`."""
 
     def room(running: int) -> bool:
-        fewest = min(most, max(1, at_least()))
+        fewest = min(most, max(1, least.now))
         return running < fewest or (running < most and spare_cores.spare_cores().idle())
 
     return room
