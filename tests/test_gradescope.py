@@ -72,6 +72,22 @@ def autograde(bundle, tmp_path, files, email="ann@example.org", env=None, prefix
     return json.loads((root / "results" / "results.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def graded_student(tmp_path_factory):
+    """`grade`'s report of student k of the bench's class (tests that hand in the same
+    notebooks another way share it), graded once in the module."""
+    done: dict[int, dict] = {}
+
+    def report(k: int) -> dict:
+        if k not in done:
+            root = tmp_path_factory.mktemp(f"class-{k}")
+            make_class(root, k)
+            done[k] = graded(root / f"student{k:02d}" / "multigpu")
+        return done[k]
+
+    return report
+
+
 def graded(folder) -> dict:
     """`python -m grader grade` of a folder of notebooks: its one submission's report."""
     out = folder.parent / f"{folder.name}.json"
@@ -117,22 +133,22 @@ def test_the_zip_has_gradescopes_scripts_at_its_top_and_no_private_folder(bundle
     assert not [n for n in names if n.startswith(("tests/", ".venv/", ".git/", "work/"))]
 
 
-def test_a_complete_submission_gets_what_grade_gives(bundle, tmp_path):
+def test_a_complete_submission_gets_what_grade_gives(bundle, tmp_path, graded_student):
     make_class(tmp_path / "class", 1)  # student01: the reference solutions
     mine = tmp_path / "ann@example.org"
     (tmp_path / "class" / "student01" / "multigpu").rename(mine)
     results = autograde(bundle, tmp_path, sorted(mine.glob("*.ipynb")))
-    report = graded(mine)
+    report = graded_student(1)
     assert results["score"] == report["max_score"] > 0
     same_as_grade(results, report)
 
 
-def test_a_broken_submission_loses_only_its_checks_as_in_grade(bundle, tmp_path):
+def test_a_broken_submission_loses_only_its_checks_as_in_grade(bundle, tmp_path, graded_student):
     make_class(tmp_path / "class", 3)  # student03: two catalogued mistakes
     mine = tmp_path / "bo@example.org"
     (tmp_path / "class" / "student03" / "multigpu").rename(mine)
     results = autograde(bundle, tmp_path, sorted(mine.glob("*.ipynb")), email="bo@example.org")
-    report = graded(mine)
+    report = graded_student(3)
     assert 0 < results["score"] < report["max_score"]
     same_as_grade(results, report)
 
@@ -147,7 +163,7 @@ def test_the_wrong_notebooks_get_one_clear_message(bundle, tmp_path):
     assert "from_scratch.ipynb" in results["output"] and "homework1.ipynb" in results["output"]
 
 
-def test_notebooks_zipped_in_their_folders_get_the_same_grade(bundle, tmp_path):
+def test_notebooks_zipped_in_their_folders_get_the_same_grade(bundle, tmp_path, graded_student):
     """A student who zips `work/` (Gradescope unpacks it into submission/work/multigpu/),
     with Jupyter's checkpoints and macOS's metadata beside it, is graded as if they had
     uploaded the notebooks themselves, and told which folder was graded."""
@@ -162,7 +178,7 @@ def test_notebooks_zipped_in_their_folders_get_the_same_grade(bundle, tmp_path):
     (upload / "__MACOSX" / "work" / "multigpu").mkdir(parents=True)
     (upload / "__MACOSX" / "work" / "multigpu" / "from_scratch.ipynb").write_bytes(b"\0\5\26\7")
     results = autograde(bundle, tmp_path, [upload / "work", upload / "__MACOSX"])
-    same_as_grade(results, graded(mine))
+    same_as_grade(results, graded_student(3))
     assert "The notebooks graded are those in work/multigpu of your upload." in results["output"]
 
 
