@@ -247,8 +247,11 @@ class Hub:
         self, folder: Path, students: list[str], lab: Path = REPO, **settings: str
     ) -> None:
         """`lab`: the checkout whose config the hub runs, this one unless another is named
-        (a copy closed to other accounts, for a hub run by root: hub/closed.py)."""
+        (a copy closed to other accounts, for a hub run by root: hub/closed.py). The hub
+        imports that checkout's packages, as it would from an environment of its own: this
+        Python's finds this checkout's."""
         self.config = Path(lab) / self.config.relative_to(REPO)
+        own = {} if Path(lab).resolve() == REPO else {"PYTHONPATH": str(Path(lab).resolve())}
         self.folder = folder
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -261,6 +264,7 @@ class Hub:
             HUB_PROXY_API_PORT=str(free_port()),
             HUB_STATE=str(self.state),
             HUB_CLASS_LIST=str(folder / "class.txt"),
+            **own,
             **settings,
         )
         self.log_path = folder / "hub.log"

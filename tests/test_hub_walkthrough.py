@@ -217,9 +217,10 @@ class Class:
         return {p.name for p in (self.course / "solutions" / ASSIGNMENT).glob("*.ipynb")}
 
     def env(self) -> dict[str, str]:
-        # collect maps each submission's owner, `<prefix><name>`, back to a student
+        # collect maps each submission's owner, `<prefix><name>`, back to a student; the
+        # commands import the clone's packages, as its own environment would give them
         return dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                    HUB_USER_PREFIX=self.prefix)  # fmt: skip
+                    HUB_USER_PREFIX=self.prefix, PYTHONPATH=str(self.course))  # fmt: skip
 
     def start_hub(self, command: str) -> None:
         """What `make hub` runs, with the settings of `command`, on free ports, the accounts

@@ -160,7 +160,11 @@ def test_the_readme_picture_exists():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WALKTHROUGHS))
 def test_walkthrough_runs_as_written(name, checkout):
+    # The copy's own packages, as its own virtual environment would give them (this Python's
+    # finds this checkout's): `pytest grader` loads grader.front.pytest_options before the
+    # copy's conftest.py.
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env["PYTHONPATH"] = str(checkout.resolve())
     if name == "nbgrader" and shutil.which("nbgrader", path=env["PATH"]) is None:
         pytest.skip("nbgrader is the instructor's: not installed here")
     cwd = checkout = checkout.resolve()
