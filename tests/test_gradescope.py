@@ -228,6 +228,27 @@ def test_a_grader_the_kernel_kills_for_memory_leaves_a_result_that_says_so(bundl
     assert said.startswith("The autograder stopped before it finished") and "memory" in said
 
 
+def test_the_grader_counts_the_memory_killers_kills_in_its_own_cgroup():
+    """gradescope-run writes no score where the kernel ended one of its processes for the
+    container's memory (a child or a rank, the grader left alive: the checks it cost are not
+    the student's to lose). It reads the count from its own cgroup, here one whose sleeping
+    process the kernel is made to kill."""
+    group = LimitedGroup()
+    count = [*group.prefix(), python(), "-c",
+             "from grader.front.gradescope import memory_kills; print(memory_kills())"]  # fmt: skip
+    try:
+        sleeper = subprocess.Popen([*group.prefix(), python(), "-c", "import time; time.sleep(60)"])
+        before = subprocess.run(count, capture_output=True, text=True, timeout=120).stdout.strip()
+        group.run_out(sleeper.pid)
+        sleeper.wait(timeout=60)
+        after = subprocess.run(count, capture_output=True, text=True, timeout=120).stdout.strip()
+        killed = group.kills()
+    finally:
+        group.remove()
+    assert before.isdigit(), before  # (it found its cgroup's count)
+    assert killed >= 1 and int(after) == int(before) + killed, (before, after, killed)
+
+
 def test_a_grader_that_fails_leaves_its_last_lines_in_the_students_language(bundle, tmp_path):
     chinese = sorted((EXERCISES.parent / "zh_CN" / EXERCISES.name).glob("*.ipynb"))
     assert [p.name for p in chinese] == sorted(load_manifest().notebooks)

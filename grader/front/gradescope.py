@@ -124,15 +124,44 @@ def run(submission: Path, results: Path, metadata: Path | None = None, seed: int
         print(said)
         return 0
     sub.id = student_of(metadata)
+    kills = memory_kills()
     # One notebook at a time: Gradescope's half a core gains nothing from more, and each
     # notebook's children side by side would hold their memory at once.
     result = grade_submission(sub, GradeOptions(seed=seed, hidden=True, at_once=1))
+    if kills is not None and (memory_kills() or 0) > kills:
+        # The kernel ended a child or a rank for the container's memory, not for the
+        # student's code (the grader's own limits stop that first): the checks it cost are
+        # not the student's to lose, so no score is written, as when the grader itself is
+        # ended, and run_autograder has `gradescope-stopped` say why (KILLED).
+        return KILLED[0]
     write_report(results, json.dumps(gradescope_results(result), indent=2) + "\n")
     print(f"{result.id}: {result.score:g}/{result.max_score:g}")
     return 0
 
 
 KILLED = (137, -9)  # a shell's and Python's codes for a process ended by SIGKILL
+
+
+def memory_kills() -> int | None:
+    """How many processes the kernel's memory killer has ended in this process's cgroup (v1's
+    memory.oom_control, v2's memory.events), None where neither says."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    groups = dict(line.split(":", 2)[1:] for line in lines if line.count(":") >= 2)
+    memory = next((path for names, path in groups.items() if "memory" in names.split(",")), None)
+    if memory is not None:
+        counted = Path(f"/sys/fs/cgroup/memory{memory}") / "memory.oom_control"
+    elif "" in groups:
+        counted = Path(f"/sys/fs/cgroup{groups['']}") / "memory.events"
+    else:
+        return None
+    try:
+        said = counted.read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in said if line.startswith("oom_kill ")), None)
 
 
 def memory_limit() -> int | None:
@@ -164,9 +193,9 @@ def stopped(submission: Path, results: Path, code: int, log: Path | None = None)
             limit = memory_limit()
             lines = [
                 _(
-                    "The autograder stopped before it finished: the system ended the grader, "
-                    "which under Gradescope most often means it ran out of memory. Your work was "
-                    "not graded, and this score of 0 is not your grade."
+                    "The autograder stopped before it finished: the system ended the grader or "
+                    "one of its processes, which under Gradescope most often means it ran out "
+                    "of memory. Your work was not graded, and this score of 0 is not your grade."
                 ),
                 _("This autograder may use {memory} MB; grading needs about 2,300 MB.").format(
                     memory=f"{limit / 2**20:,.0f}"
